@@ -1,0 +1,158 @@
+// Allocation speed of gmem, PyTorch's caching allocator and cudaMallocAsync, each driven by the
+// same C++ loop in one process, so the ratios hold whatever the machine. Built and called (via
+// ctypes) by alloc_bench.py, after `import torch` and torch.cuda.init().
+//
+//   pair:  malloc + free of one size, repeated (the steady state of a training loop)
+//   churn: `slots` live blocks; each op frees a random slot and refills it with a new size drawn
+//          log-uniformly from [min, max] (fragmentation pressure, cache misses)
+// Results are nanoseconds per pair / per op (one free + one malloc); negative on failure.
+#ifndef GMEM_BENCH_NO_TORCH
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <random>
+#include <vector>
+
+namespace {
+
+using GmemMalloc = int (*)(void** ptr, std::size_t size, int device, std::uintptr_t stream);
+using GmemFree = int (*)(void* ptr);
+GmemMalloc g_gmem_malloc = nullptr;
+GmemFree g_gmem_free = nullptr;
+
+enum Backend : int { kTorch = 0, kGmem = 1, kMallocAsync = 2 };
+
+#ifndef GMEM_BENCH_NO_TORCH
+struct Torch {
+  void* alloc(std::size_t n) {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(n, nullptr);
+  }
+  void release(void* p) { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+};
+#endif
+
+struct Gmem {
+  void* alloc(std::size_t n) {
+    void* p = nullptr;
+    return g_gmem_malloc(&p, n, -1, 0) == 0 ? p : nullptr;
+  }
+  void release(void* p) { g_gmem_free(p); }
+};
+
+struct MallocAsync {
+  void* alloc(std::size_t n) {
+    void* p = nullptr;
+    return cudaMallocAsync(&p, n, nullptr) == cudaSuccess ? p : nullptr;
+  }
+  void release(void* p) { cudaFreeAsync(p, nullptr); }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+template <class A>
+double pair(A a, std::size_t size, int iterations) {
+  for (int i = 0; i < 100; ++i) a.release(a.alloc(size));  // warm the cache
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    void* p = a.alloc(size);
+    if (p == nullptr) return -1.0;
+    a.release(p);
+  }
+  cudaDeviceSynchronize();
+  return seconds_since(start) * 1e9 / iterations;
+}
+
+template <class A>
+double churn(A a, int slots, int ops, std::size_t min_size, std::size_t max_size, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> log_size(std::log(double(min_size)),
+                                                  std::log(double(max_size)));
+  std::uniform_int_distribution<int> pick(0, slots - 1);
+  auto draw = [&] { return (std::size_t(std::exp(log_size(rng))) + 511) / 512 * 512; };
+  std::vector<std::size_t> sizes(std::size_t(ops) * 2);
+  std::vector<int> victims(std::size_t(ops) * 2);
+  for (auto& s : sizes) s = draw();
+  for (auto& v : victims) v = pick(rng);
+  std::vector<void*> live(std::size_t(slots), nullptr);
+  for (auto& p : live) {
+    p = a.alloc(draw());
+    if (p == nullptr) return -1.0;
+  }
+  double result = -1.0;
+  // First half warms the allocator up; the second half, a different sequence, is timed.
+  for (int half = 0; half < 2; ++half) {
+    const auto start = std::chrono::steady_clock::now();
+    bool ok = true;
+    for (int i = half * ops; i < (half + 1) * ops && ok; ++i) {
+      void*& slot = live[std::size_t(victims[i])];
+      a.release(slot);
+      slot = a.alloc(sizes[i]);
+      ok = slot != nullptr;
+    }
+    cudaDeviceSynchronize();
+    result = ok ? seconds_since(start) * 1e9 / ops : -1.0;
+    if (!ok) break;
+  }
+  for (void* p : live)
+    if (p != nullptr) a.release(p);
+  cudaDeviceSynchronize();
+  return result;
+}
+
+template <class F>
+double guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "alloc_bench: %s\n", e.what());
+    return -2.0;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void gmem_bench_bind(void* gmem_malloc, void* gmem_free) {
+  g_gmem_malloc = reinterpret_cast<GmemMalloc>(gmem_malloc);
+  g_gmem_free = reinterpret_cast<GmemFree>(gmem_free);
+}
+
+double gmem_bench_pair(int backend, std::size_t size, int iterations) {
+  return guarded([&] {
+    switch (backend) {
+#ifndef GMEM_BENCH_NO_TORCH
+      case kTorch: return pair(Torch{}, size, iterations);
+#endif
+      case kGmem: return g_gmem_malloc ? pair(Gmem{}, size, iterations) : -3.0;
+      case kMallocAsync: return pair(MallocAsync{}, size, iterations);
+      default: return -3.0;
+    }
+  });
+}
+
+double gmem_bench_churn(int backend, int slots, int ops, std::size_t min_size,
+                        std::size_t max_size, unsigned seed) {
+  return guarded([&] {
+    switch (backend) {
+#ifndef GMEM_BENCH_NO_TORCH
+      case kTorch: return churn(Torch{}, slots, ops, min_size, max_size, seed);
+#endif
+      case kGmem:
+        return g_gmem_malloc ? churn(Gmem{}, slots, ops, min_size, max_size, seed) : -3.0;
+      case kMallocAsync: return churn(MallocAsync{}, slots, ops, min_size, max_size, seed);
+      default: return -3.0;
+    }
+  });
+}
+
+}  // extern "C"

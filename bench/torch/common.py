@@ -1,0 +1,66 @@
+"""Helpers shared by the PyTorch benchmarks: repository paths, the gmem package, JSON output."""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PYTHON_DIR = os.path.join(REPO, "python")
+TRACES = ["resnet50", "gpt2", "deeplab_varsize", "leak_losses"]
+
+
+def import_gmem():
+    """The gmem package from this repository (GMEM_LIBRARY picks the library)."""
+    if PYTHON_DIR not in sys.path:
+        sys.path.insert(0, PYTHON_DIR)
+    import gmem
+
+    return gmem
+
+
+def trace_paths(names=None):
+    return [os.path.join(REPO, "tests", "data", "%s.trace.csv.gz" % n) for n in (names or TRACES)]
+
+
+def emit(record, out=None):
+    """Prints one JSON line and appends it to `out` when given."""
+    line = json.dumps(record, sort_keys=True)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def load_trace(path):
+    """A trace's block events, in order: (1, addr, size) for alloc, (0, addr, size) for the
+    completed free (see /work/shared/traces/README.md for the columns)."""
+    import gzip
+
+    events = []
+    with gzip.open(path, "rt") as f:
+        next(f)
+        for line in f:
+            action, addr, size = line.split(",", 3)[:3]
+            if action == "alloc":
+                events.append((1, int(addr), int(size)))
+            elif action == "free_completed":
+                events.append((0, int(addr), int(size)))
+    return events
+
+
+def smallest_cap(replay, events, peak_allocated, peak_reserved, max_iterations):
+    """Bisection for the smallest memory cap under which `replay(events, cap)` succeeds, between
+    the peak allocated (a lower bound for any allocator) and just above the uncapped peak.
+    Precision: 2 MiB (gmem's page) or 0.1% of the peak, whichever is larger; both allocators are
+    searched alike."""
+    lo, hi = peak_allocated, int(peak_reserved * 1.02) + (2 << 20)
+    iterations = 0
+    while hi - lo > max(2 << 20, peak_allocated // 1000) and iterations < max_iterations:
+        mid = (lo + hi) // 2
+        if replay(events, mid)[0]:
+            hi = mid
+        else:
+            lo = mid
+        iterations += 1
+    return hi, iterations

@@ -1,0 +1,165 @@
+"""Gathers what scripts/gpu-check measured into bench/results/<date>-<device>.json and prints the
+short table that ends its output.
+
+    python3 bench/torch/report.py WORK_DIR [--results-dir bench/results]
+
+WORK_DIR holds env.json, steps.tsv, the step logs and alloc/replay/train .jsonl files.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+
+from common import REPO, TRACES
+
+GiB = float(1 << 30)
+
+
+def read_json_lines(path):
+    records = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    records.append(json.loads(line))
+    return records
+
+
+def read_text(path):
+    if not os.path.isfile(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def unittest_counts(log):
+    """{ran, failed, skipped, ok} from unittest's closing lines, or None when it never finished."""
+    ran = re.findall(r"^Ran (\d+) tests?", log, re.M)
+    if not ran:
+        return None
+    counts = dict(ran=int(ran[-1]), failed=0, skipped=0, ok=bool(re.search(r"^OK\b", log, re.M)))
+    for kind in ("failures", "errors"):
+        found = re.findall(r"%s=(\d+)" % kind, log)
+        counts["failed"] += int(found[-1]) if found else 0
+    skipped = re.findall(r"skipped=(\d+)", log)
+    counts["skipped"] = int(skipped[-1]) if skipped else 0
+    return counts
+
+
+def gtest_counts(log):
+    passed = re.findall(r"\[  PASSED  \] (\d+) tests?", log)
+    failed = re.findall(r"\[  FAILED  \] (\d+) tests?, listed below", log)
+    if not passed and not failed:
+        return None
+    return dict(passed=int(passed[-1]) if passed else 0, failed=int(failed[-1]) if failed else 0)
+
+
+def read_steps(work):
+    steps = []
+    for line in read_text(os.path.join(work, "steps.tsv")).splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3:
+            steps.append(dict(name=parts[0], status=parts[1], seconds=int(parts[2]),
+                              detail=parts[3] if len(parts) > 3 else ""))
+    return steps
+
+
+def slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown-device"
+
+
+def build_results(work):
+    env = json.loads(read_text(os.path.join(work, "env.json")) or "{}")
+    alloc = {}
+    for record in read_json_lines(os.path.join(work, "alloc.jsonl")):
+        alloc.update(record.get("results", {}))
+    return dict(
+        date=datetime.date.today().isoformat(),
+        device=env.get("device", "unknown"),
+        torch=env.get("torch"),
+        cuda=env.get("cuda"),
+        driver=env.get("driver"),
+        commit=env.get("commit"),
+        steps=read_steps(work),
+        gpu_tests=gtest_counts(read_text(os.path.join(work, "gpu-tests.log"))),
+        python_tests=unittest_counts(read_text(os.path.join(work, "python-tests.log"))),
+        alloc_ns=alloc,
+        replay=read_json_lines(os.path.join(work, "replay.jsonl")),
+        train=read_json_lines(os.path.join(work, "train.jsonl")),
+    )
+
+
+def fmt(value, spec):
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def table(results):
+    out = ["", "== gpu-check: %s | torch %s | %s ==" % (results["device"], results["torch"],
+                                                        results["date"])]
+    out.append("steps: " + " | ".join("%s %s %ds" % (s["name"], s["status"], s["seconds"])
+                                      for s in results["steps"]))
+    gpu, py = results["gpu_tests"], results["python_tests"]
+    out.append("tests: gmem_gpu_tests %s; tests/python %s" % (
+        "%(passed)d passed, %(failed)d failed" % gpu if gpu else "did not run",
+        "%(ran)d ran, %(failed)d failed, %(skipped)d skipped" % py if py else "did not finish"))
+
+    alloc = results["alloc_ns"]
+    columns = [c for c in ("gmem", "torch", "torch_expandable", "cudaMallocAsync") if c in alloc]
+    if columns:
+        out.append("")
+        out.append("alloc ns          " + "".join("%17s" % c for c in columns))
+        for key, label in (("pair_4KiB", "pair 4 KiB"), ("pair_16MiB", "pair 16 MiB"),
+                           ("churn", "churn 1000 live")):
+            out.append("%-18s" % label + "".join("%17s" % fmt(alloc[c].get(key), ".0f")
+                                                 for c in columns))
+
+    replay = {(r["trace"], r["allocator"]): r for r in results["replay"]}
+    if replay:
+        allocators = ("native", "expandable", "gmem")
+        out.append("")
+        names = "".join("%8s" % a[:6] for a in allocators)
+        out.append("%-26s%9s%s |%9s%s" % ("replay (x peak allocated)", "reserved:", names,
+                                          "min cap:", names))
+        for trace in TRACES:
+            rows = [replay.get((trace, a), {}) for a in allocators]
+            out.append("%-26s%9s%s |%9s%s" % (
+                trace, "", "".join("%8s" % fmt(r.get("reserved_ratio"), ".3f") for r in rows),
+                "", "".join("%8s" % fmt(r.get("min_cap_ratio"), ".3f") for r in rows)))
+
+    if results["train"]:
+        out.append("")
+        out.append("train            allocator   median ms  peak alloc GiB  peak resv GiB  resv/alloc")
+        for r in results["train"]:
+            if "error" in r:
+                out.append("%-16s %-11s FAILED: %s" % (r["model"], r["allocator"], r["error"][-60:]))
+                continue
+            out.append("%-16s %-11s %9.1f %15.2f %14.2f %11.3f" % (
+                r["model"], r["allocator"], r["median_ms"], r["peak_allocated"] / GiB,
+                r["peak_reserved"] / GiB, r["reserved_ratio"]))
+    return "\n".join(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("work")
+    parser.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+    parser.add_argument("--copy-to", help="also copy the results file into this folder")
+    args = parser.parse_args()
+    results = build_results(args.work)
+    os.makedirs(args.results_dir, exist_ok=True)
+    path = os.path.join(args.results_dir, "%s-%s.json" % (results["date"], slug(results["device"])))
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+        f.write("\n")
+    if args.copy_to:
+        shutil.copy(path, args.copy_to)
+    print("results: %s" % os.path.relpath(path, REPO))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

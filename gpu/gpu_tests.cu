@@ -1,0 +1,360 @@
+// The engine on a real GPU: CudaDevice (and the CudaSegmentDevice fallback) under kernels that
+// write and read back every block. Run on a GPU machine: build/gmem_gpu_tests.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include "gmem/cuda_device.hpp"
+#include "gmem/engine.hpp"
+#include "gpu/gpu_kernels.cuh"
+
+namespace gmem {
+namespace {
+
+using gpu_test::delayed_fill;
+using gpu_test::fill;
+using gpu_test::mismatches;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::uint64_t kDelayNs = 300'000'000;  // keeps a stream busy for 0.3 s
+
+// Forwards to a real device and fails the test if a physical chunk is ever mapped at two
+// addresses at once (a stale mapping left behind by stitching) or an address is mapped twice.
+class CheckingDevice final : public Device {
+ public:
+  explicit CheckingDevice(Device& inner) : inner_(inner) {}
+  std::size_t granularity() const override { return inner_.granularity(); }
+  DeviceMemInfo mem_info() override { return inner_.mem_info(); }
+  std::string name() const override { return inner_.name(); }
+  int index() const override { return inner_.index(); }
+  DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
+    return inner_.reserve_address(size, alignment);
+  }
+  void release_address(DevicePtr base, std::size_t size) override {
+    inner_.release_address(base, size);
+  }
+  ChunkHandle create_chunk(std::size_t size) override { return inner_.create_chunk(size); }
+  void release_chunk(ChunkHandle chunk) override {
+    {
+      std::lock_guard lock(mutex_);
+      EXPECT_EQ(chunk_at_.count(chunk), 0u) << "chunk released while still mapped";
+    }
+    inner_.release_chunk(chunk);
+  }
+  void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
+    {
+      std::lock_guard lock(mutex_);
+      EXPECT_EQ(chunk_at_.count(chunk), 0u) << "chunk mapped a second time (stale mapping)";
+      EXPECT_EQ(va_chunk_.count(va), 0u) << "address mapped twice";
+      chunk_at_[chunk] = va;
+      va_chunk_[va] = {chunk, size};
+      ++maps_;
+    }
+    inner_.map(va, size, chunk);
+  }
+  void unmap(DevicePtr va, std::size_t size) override {
+    inner_.unmap(va, size);
+    std::lock_guard lock(mutex_);
+    for (auto it = va_chunk_.lower_bound(va); it != va_chunk_.end() && it->first < va + size;) {
+      chunk_at_.erase(it->second.first);
+      it = va_chunk_.erase(it);
+    }
+  }
+  void set_access(DevicePtr va, std::size_t size) override { inner_.set_access(va, size); }
+  EventHandle create_event() override { return inner_.create_event(); }
+  void destroy_event(EventHandle event) override { inner_.destroy_event(event); }
+  void record_event(EventHandle event, StreamId stream) override {
+    inner_.record_event(event, stream);
+  }
+  bool query_event(EventHandle event) override { return inner_.query_event(event); }
+  void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
+
+  int maps() const {
+    std::lock_guard lock(mutex_);
+    return maps_;
+  }
+
+ private:
+  Device& inner_;
+  mutable std::mutex mutex_;
+  std::map<ChunkHandle, DevicePtr> chunk_at_;
+  std::map<DevicePtr, std::pair<ChunkHandle, std::size_t>> va_chunk_;
+  int maps_ = 0;
+};
+
+StreamId id(cudaStream_t stream) { return reinterpret_cast<StreamId>(stream); }
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GPU_CHECK(cudaSetDevice(0));
+    GPU_CHECK(cudaFree(nullptr));  // initialise the runtime on the primary context
+    GPU_CHECK(cudaStreamCreateWithFlags(&a_, cudaStreamNonBlocking));
+    GPU_CHECK(cudaStreamCreateWithFlags(&b_, cudaStreamNonBlocking));
+    cuda_ = std::make_unique<CudaDevice>(0);
+    checking_ = std::make_unique<CheckingDevice>(*cuda_);
+  }
+  void TearDown() override {
+    engine_.reset();
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaStreamDestroy(a_));
+    GPU_CHECK(cudaStreamDestroy(b_));
+  }
+  Engine& make_engine(EngineOptions options = {}) {
+    engine_ = std::make_unique<Engine>(*checking_, options);
+    return *engine_;
+  }
+
+  cudaStream_t a_ = nullptr, b_ = nullptr;
+  std::unique_ptr<CudaDevice> cuda_;
+  std::unique_ptr<CheckingDevice> checking_;
+  std::unique_ptr<Engine> engine_;
+};
+
+struct Block {
+  void* ptr;
+  std::size_t size;
+  std::uint32_t seed;
+};
+
+void expect_intact(const std::vector<Block>& blocks) {
+  for (const Block& b : blocks) {
+    EXPECT_EQ(mismatches(b.ptr, b.size, b.seed), 0u) << "block at " << b.ptr << " of " << b.size;
+  }
+}
+
+TEST_F(GpuTest, DeviceReportsVmmAndTwoMiBGranularity) {
+  EXPECT_TRUE(CudaDevice::supports_vmm(0));
+  EXPECT_EQ(cuda_->granularity(), 2 * kMiB);
+  const DeviceMemInfo info = cuda_->mem_info();
+  EXPECT_GT(info.total, 0u);
+  EXPECT_LE(info.free, info.total);
+  std::printf("device: %s, %zu MiB total, %zu MiB free\n", cuda_->name().c_str(),
+              info.total / kMiB, info.free / kMiB);
+}
+
+TEST_F(GpuTest, BlocksOfAllSizesHoldDistinctPatterns) {
+  Engine& engine = make_engine();
+  std::mt19937 random(42);
+  std::vector<std::size_t> sizes = {512,     1000,          4096,     65536,    kMiB,
+                                    kMiB + 512, 3 * kMiB, 17 * kMiB + 4, 64 * kMiB, 200 * kMiB};
+  for (int i = 0; i < 300; ++i) sizes.push_back((random() % (3 * kMiB) + 4) & ~std::size_t{3});
+  std::vector<Block> blocks;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    void* ptr = engine.malloc(sizes[i], id(a_));
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(ptr) % kAlignment, 0u);
+    blocks.push_back({ptr, sizes[i], static_cast<std::uint32_t>(i + 1)});
+    fill(ptr, sizes[i], blocks.back().seed, a_);
+  }
+  std::vector<Block> sorted = blocks;
+  std::sort(sorted.begin(), sorted.end(), [](auto& l, auto& r) { return l.ptr < r.ptr; });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    EXPECT_LE(static_cast<char*>(sorted[i - 1].ptr) + sorted[i - 1].size, sorted[i].ptr)
+        << "blocks overlap";
+  }
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  expect_intact(blocks);
+  // Free half, allocate again and check that the survivors were not touched.
+  std::vector<Block> live;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2 == 0) engine.free(blocks[i].ptr);
+    else live.push_back(blocks[i]);
+  }
+  for (std::uint32_t i = 0; i < 100; ++i) {
+    const std::size_t size = (random() % (8 * kMiB) + 4) & ~std::size_t{3};
+    live.push_back({engine.malloc(size, id(a_)), size, 1000 + i});
+    fill(live.back().ptr, size, live.back().seed, a_);
+  }
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  expect_intact(live);
+  engine.check_invariants();
+  for (const Block& b : live) engine.free(b.ptr);
+  engine.check_invariants();
+}
+
+TEST_F(GpuTest, StitchingUnderALimitKeepsLiveDataAndLeavesNoStaleMapping) {
+  EngineOptions options;
+  options.memory_limit = 64 * kMiB;
+  Engine& engine = make_engine(options);
+  std::vector<Block> blocks;
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    blocks.push_back({engine.malloc(4 * kMiB, id(a_)), 4 * kMiB, i + 1});
+    fill(blocks.back().ptr, 4 * kMiB, blocks.back().seed, a_);
+  }
+  std::vector<Block> live;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2 == 1) engine.free(blocks[i].ptr);  // 8 holes of 4 MiB, none adjacent
+    else live.push_back(blocks[i]);
+  }
+  // 32 MiB contiguous exists only by remapping the freed chunks.
+  const int maps_before = checking_->maps();
+  void* big = engine.malloc(32 * kMiB, id(a_));
+  EXPECT_GE(engine.stats().num_stitches, 1);
+  // 16 pages, of which at most one freed 4 MiB hole (2 pages) was already mapped in place.
+  EXPECT_GE(checking_->maps() - maps_before, 14);
+  EXPECT_LE(engine.stats().reserved_bytes[kAllPools].current, std::int64_t{64} * 1024 * 1024);
+  fill(big, 32 * kMiB, 777, a_);
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  live.push_back({big, 32 * kMiB, 777});
+  expect_intact(live);
+  engine.check_invariants();
+  for (const Block& b : live) engine.free(b.ptr);
+}
+
+// A block freed while its stream still works on it must not be handed to another stream before
+// that work finishes: either a different address, or the engine waited.
+class CrossStream : public GpuTest, public ::testing::WithParamInterface<std::size_t> {};
+
+TEST_P(CrossStream, FreedBlockIsNotReusedOnAnotherStreamBeforeItsWorkEnds) {
+  const std::size_t size = GetParam();
+  Engine& engine = make_engine();
+  void* first = engine.malloc(size, id(a_));
+  delayed_fill(first, size, 1, a_, kDelayNs);
+  engine.free(first);
+  void* second = engine.malloc(size, id(b_));
+  if (second == first) {
+    EXPECT_EQ(cudaStreamQuery(a_), cudaSuccess) << "reused before stream A finished";
+  }
+  fill(second, size, 2, b_);
+  GPU_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(mismatches(second, size, 2), 0u) << "stream A's late write landed in B's block";
+  engine.free(second);
+}
+
+TEST_P(CrossStream, RecordStreamDefersReuseUntilTheRecordedStreamCatchesUp) {
+  const std::size_t size = GetParam();
+  Engine& engine = make_engine();
+  void* first = engine.malloc(size, id(a_));
+  fill(first, size, 1, a_);
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  delayed_fill(first, size, 3, b_, kDelayNs);  // B uses A's block
+  engine.record_stream(first, id(b_));
+  engine.free(first);
+  void* second = engine.malloc(size, id(a_));
+  if (second == first) {
+    EXPECT_EQ(cudaStreamQuery(b_), cudaSuccess) << "reused before stream B finished";
+  }
+  fill(second, size, 4, a_);
+  GPU_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(mismatches(second, size, 4), 0u) << "stream B's late write landed in the new block";
+  engine.free(second);
+}
+
+TEST_P(CrossStream, SameStreamReusesAtOnceAndDataStaysOrdered) {
+  const std::size_t size = GetParam();
+  Engine& engine = make_engine();
+  void* first = engine.malloc(size, id(a_));
+  delayed_fill(first, size, 5, a_, kDelayNs / 3);
+  engine.free(first);
+  void* second = engine.malloc(size, id(a_));  // stream order makes reuse safe without waiting
+  fill(second, size, 6, a_);
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  EXPECT_EQ(mismatches(second, size, 6), 0u);
+  engine.free(second);
+}
+
+INSTANTIATE_TEST_SUITE_P(SmallAndLarge, CrossStream,
+                         ::testing::Values(std::size_t{4096}, 8 * kMiB));
+
+TEST_F(GpuTest, OutOfMemoryUnderALimitThenRecoveryAfterFrees) {
+  EngineOptions options;
+  options.memory_limit = 64 * kMiB;
+  Engine& engine = make_engine(options);
+  std::vector<void*> blocks;
+  try {
+    for (int i = 0; i < 100; ++i) blocks.push_back(engine.malloc(4 * kMiB, id(a_)));
+    FAIL() << "no OutOfMemoryError under a 64 MiB limit";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(blocks.size(), 16u);
+    EXPECT_EQ(e.info().requested, 4 * kMiB);
+    EXPECT_EQ(e.info().limit, 64 * kMiB);
+    EXPECT_EQ(e.info().reason, "limit");
+    EXPECT_NE(std::string(e.what()).find("64.00 MiB"), std::string::npos) << e.what();
+  }
+  engine.free(blocks[3]);
+  engine.free(blocks[9]);
+  blocks.erase(blocks.begin() + 9);
+  blocks.erase(blocks.begin() + 3);
+  void* recovered = engine.malloc(8 * kMiB, id(a_));
+  fill(recovered, 8 * kMiB, 9, a_);
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  EXPECT_EQ(mismatches(recovered, 8 * kMiB, 9), 0u);
+  engine.free(recovered);
+  for (void* p : blocks) engine.free(p);
+  EXPECT_EQ(engine.stats().num_ooms, 1);
+}
+
+TEST_F(GpuTest, EmptyCacheGivesMemoryBackToTheDriver) {
+  Engine& engine = make_engine();
+  constexpr std::size_t kSize = std::size_t{1} << 30;
+  std::size_t free_before = 0, free_held = 0, free_after = 0, total = 0;
+  GPU_CHECK(cudaMemGetInfo(&free_before, &total));
+  void* block = engine.malloc(kSize, id(a_));
+  fill(block, kSize, 11, a_);
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  engine.free(block);
+  GPU_CHECK(cudaMemGetInfo(&free_held, &total));
+  EXPECT_LE(free_held + kSize - 64 * kMiB, free_before) << "freed memory should stay cached";
+  engine.empty_cache();
+  GPU_CHECK(cudaMemGetInfo(&free_after, &total));
+  EXPECT_GE(free_after, free_held + kSize - 64 * kMiB) << "empty_cache released too little";
+  EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].current, 0);
+}
+
+TEST_F(GpuTest, TwoDevicesEachServeTheirOwnMemory) {
+  if (CudaDevice::device_count() < 2) {
+    GTEST_SKIP() << "needs two GPUs; this machine has " << CudaDevice::device_count();
+  }
+  CudaDevice second_device(1);
+  Engine engine0(*cuda_);
+  Engine engine1(second_device);
+  void* p0 = engine0.malloc(64 * kMiB);
+  void* p1 = engine1.malloc(64 * kMiB);
+  cudaPointerAttributes attributes{};
+  GPU_CHECK(cudaPointerGetAttributes(&attributes, p1));
+  EXPECT_EQ(attributes.device, 1);
+  GPU_CHECK(cudaSetDevice(0));
+  fill(p0, 64 * kMiB, 21, nullptr);
+  EXPECT_EQ(mismatches(p0, 64 * kMiB, 21), 0u);
+  GPU_CHECK(cudaSetDevice(1));
+  fill(p1, 64 * kMiB, 22, nullptr);
+  EXPECT_EQ(mismatches(p1, 64 * kMiB, 22), 0u);
+  GPU_CHECK(cudaSetDevice(0));
+  engine0.free(p0);
+  engine1.free(p1);
+}
+
+TEST_F(GpuTest, SegmentFallbackServesRealMemory) {
+  CudaSegmentDevice segments(0);
+  EngineOptions options;
+  options.memory_limit = 256 * kMiB;
+  options.address_space = CudaSegmentDevice::kArenaSize;
+  Engine engine(segments, options);
+  std::vector<Block> blocks;
+  std::uint32_t seed = 31;
+  for (std::size_t size : {std::size_t{4096}, kMiB, 6 * kMiB, 40 * kMiB, 512 + 3 * kMiB}) {
+    blocks.push_back({engine.malloc(size, id(a_)), size, seed++});
+    fill(blocks.back().ptr, size, blocks.back().seed, a_);
+  }
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  expect_intact(blocks);
+  engine.free(blocks[2].ptr);
+  blocks.erase(blocks.begin() + 2);
+  blocks.push_back({engine.malloc(10 * kMiB, id(a_)), 10 * kMiB, 99});
+  fill(blocks.back().ptr, 10 * kMiB, 99, a_);
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  expect_intact(blocks);
+  engine.check_invariants();
+  for (const Block& b : blocks) engine.free(b.ptr);
+  EXPECT_LE(segments.committed_bytes(), 256 * kMiB);
+}
+
+}  // namespace
+}  // namespace gmem

@@ -1,0 +1,58 @@
+// The device layer: what the engine needs from a GPU, one-to-one with CUDA's virtual memory API
+// (cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess / cuMemUnmap / cuMemRelease) plus
+// events for stream ordering. Implementations: SimulatedDevice (tests, replay) and CudaDevice.
+//
+// Every method reports failure by throwing gmem::DeviceError; create_chunk throws one with
+// device_out_of_memory() set when the device has no memory left.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gmem {
+
+using DevicePtr = std::uintptr_t;   // a device virtual address
+using ChunkHandle = std::uint64_t;  // a physical allocation (CUmemGenericAllocationHandle)
+using StreamId = std::uintptr_t;    // a cudaStream_t as an integer; 0 is the default stream
+using EventHandle = std::uintptr_t; // a cudaEvent_t as an integer
+
+struct DeviceMemInfo {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // Physical allocation granularity: every chunk size and every mapping is a multiple of it.
+  virtual std::size_t granularity() const = 0;
+  virtual DeviceMemInfo mem_info() = 0;
+  virtual std::string name() const = 0;
+  virtual int index() const { return 0; }
+
+  // Virtual address space: reserve a range (no memory behind it) and give it back.
+  virtual DevicePtr reserve_address(std::size_t size, std::size_t alignment) = 0;
+  virtual void release_address(DevicePtr base, std::size_t size) = 0;
+
+  // Physical memory: create a chunk of `size` bytes (a multiple of granularity) and release it.
+  virtual ChunkHandle create_chunk(std::size_t size) = 0;
+  virtual void release_chunk(ChunkHandle chunk) = 0;
+
+  // Map a whole chunk at `va` (inside a reserved range), unmap a mapped range, and make a mapped
+  // range readable and writable by the device (cuMemSetAccess; may span several mappings).
+  virtual void map(DevicePtr va, std::size_t size, ChunkHandle chunk) = 0;
+  virtual void unmap(DevicePtr va, std::size_t size) = 0;
+  virtual void set_access(DevicePtr va, std::size_t size) = 0;
+
+  // Stream ordering. An event recorded on a stream completes when all work submitted to that
+  // stream before the record has finished.
+  virtual EventHandle create_event() = 0;
+  virtual void destroy_event(EventHandle event) = 0;
+  virtual void record_event(EventHandle event, StreamId stream) = 0;
+  virtual bool query_event(EventHandle event) = 0;        // true when complete; never blocks
+  virtual void synchronize_event(EventHandle event) = 0;  // blocks until complete
+};
+
+}  // namespace gmem

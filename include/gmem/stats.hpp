@@ -1,0 +1,71 @@
+// Memory statistics under the names PyTorch users know (`allocated_bytes.all.current`, ...),
+// plus gmem's own (maps, unmaps, chunks held, largest free range, where reserved memory went).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gmem {
+
+// One statistic: its value now, its peak since the last reset, and the running totals.
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // total increases
+  std::int64_t freed = 0;      // total decreases
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = freed = 0; }
+};
+
+enum StatPool : int { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
+using PoolStats = std::array<Stat, 3>;  // indexed by StatPool
+
+struct MemoryStats {
+  // Bytes. allocated: handed out and live (rounded to 512 B); requested: as asked for;
+  // active: allocated plus freed blocks still waiting on other streams (record_stream);
+  // reserved: physical memory held from the device (small pool: slabs of size-classed blocks);
+  // inactive_split: free bytes sharing a page or slab with live blocks.
+  PoolStats allocated_bytes, requested_bytes, active_bytes, reserved_bytes, inactive_split_bytes;
+  // Counts of the same things. segment: physical chunks held (large pool) plus the small pool's
+  // slabs and ranges carved from them (small pool); .all is their sum.
+  PoolStats allocation, active, segment, inactive_split;
+
+  std::int64_t num_alloc_retries = 0;  // mallocs that had to reclaim memory before succeeding
+  std::int64_t num_ooms = 0;           // mallocs that failed
+  std::int64_t num_device_alloc = 0;   // chunks created (cuMemCreate)
+  std::int64_t num_device_free = 0;    // chunks released (cuMemRelease)
+  std::int64_t num_sync_all_streams = 0;  // times gmem had to wait for streams to reclaim memory
+
+  // gmem's own.
+  std::int64_t num_maps = 0;            // cuMemMap calls
+  std::int64_t num_unmaps = 0;          // cuMemUnmap calls
+  std::int64_t num_stitches = 0;        // mallocs that remapped chunks freed elsewhere
+  std::int64_t chunks_held = 0;         // physical chunks created and not released
+  std::int64_t chunks_mapped = 0;
+  std::int64_t granularity = 0;         // bytes per chunk
+  std::int64_t memory_limit = 0;
+  std::int64_t largest_free_range = 0;  // largest free virtual range already backed by memory
+  // Reserved but not allocated, by cause (they add up to reserved - allocated):
+  std::int64_t free_mapped_bytes = 0;   // whole pages mapped and free (cached mappings)
+  std::int64_t free_unmapped_bytes = 0; // chunks held but not mapped
+  std::int64_t partial_page_bytes = 0;  // free bytes in pages shared with live large blocks
+  std::int64_t small_slack_bytes = 0;   // free slots and rounding inside small-class slabs
+
+  // Flat list in PyTorch's naming: "allocated_bytes.all.current" etc.
+  std::vector<std::pair<std::string, std::int64_t>> flatten() const;
+};
+
+}  // namespace gmem

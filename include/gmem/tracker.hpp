@@ -1,0 +1,180 @@
+// In-process tracking: who holds device memory, and what happened to it lately.
+//
+//   Tracker: opt-in. Keeps every live allocation (id, size, stream, time, step, scope, call site)
+//   and a bounded history of events (alloc, free, map, unmap, oom, step, annotation). Told about
+//   allocations by the caller (on_malloc / on_free) and about the engine's slow path as its
+//   EngineListener. Cheap enough to leave on while training: the hot path is one hash insert or
+//   erase and one ring-buffer store under a spin lock, plus one TSC read.
+//
+//   TrackingResource: an adaptor (after RMM's tracking_resource_adaptor) that allocates from an
+//   Engine and reports to a Tracker.
+//
+//   Call sites: each thread has a "current frames" value the Python layer sets (its Python stack),
+//   or, with capture_backtrace, the tracker takes a C++ backtrace per allocation (slow: ~1 us).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gmem/engine.hpp"
+#include "gmem/leaks.hpp"
+#include "gmem/scope.hpp"
+
+namespace gmem {
+
+// --- call sites ----------------------------------------------------------------------------------
+
+struct Frame {
+  std::string filename;
+  int line = 0;
+  std::string name;  // function
+};
+
+using FramesId = std::uint32_t;  // an interned stack of frames; 0: none
+
+namespace frames {
+
+// Interns a stack given as "file:line:function" lines, innermost first ("" gives 0). A line not in
+// that form becomes a frame with only a name.
+FramesId intern(std::string_view text);
+// Sets this thread's call site for the allocations it makes from now on ("" clears it).
+void set_current(std::string_view text);
+void set_current(FramesId id) noexcept;
+FramesId current() noexcept;
+// The C++ call stack here, skipping `skip` innermost frames; symbolised only when read.
+FramesId capture_backtrace(int skip = 0, int depth = 32);
+// The frames of `id`, innermost first (empty for 0 or an unknown id).
+std::vector<Frame> get(FramesId id);
+// "file:line:function" lines, innermost first.
+std::string to_text(FramesId id);
+
+}  // namespace frames
+
+// --- the tracker ---------------------------------------------------------------------------------
+
+struct TrackerOptions {
+  std::size_t history_capacity = 100'000;  // events kept, oldest dropped first; 0 keeps none
+  bool capture_backtrace = false;          // a C++ backtrace per allocation instead of the
+                                           // thread's current frames
+  int backtrace_depth = 32;
+};
+
+enum class EventKind : std::uint8_t { alloc, free, map, unmap, oom, step, annotation };
+const char* event_kind_name(EventKind kind) noexcept;  // "alloc", "free", ...
+
+struct LiveAllocation {
+  std::uintptr_t addr = 0;
+  std::uint64_t id = 0;         // 1, 2, ... in allocation order, per tracker
+  std::size_t size = 0;         // as handed out (rounded)
+  std::size_t requested = 0;    // as asked for
+  StreamId stream = 0;
+  std::int64_t time_ns = 0;     // wall clock, ns since the Unix epoch
+  std::uint64_t step = 0;       // the tracker's step counter when allocated
+  ScopeId scope = 0;
+  FramesId frames = 0;
+};
+
+struct HistoryEvent {
+  EventKind kind = EventKind::alloc;
+  std::uintptr_t addr = 0;      // alloc, free, map, unmap; 0 otherwise
+  std::size_t size = 0;         // the block (alloc, free), the range (map, unmap), the request (oom)
+  StreamId stream = 0;
+  std::int64_t time_ns = 0;     // wall clock, ns since the Unix epoch
+  std::uint64_t step = 0;       // step counter at the event (for `step`: the new step)
+  ScopeId scope = 0;            // alloc, free: the allocation's scope; oom: the failing thread's
+  FramesId frames = 0;          // where it happened (for free: where the free was called)
+  std::uint64_t id = 0;         // alloc, free: the allocation id
+  std::string text;             // annotation: its text; oom: the reason ("limit", "device")
+  std::size_t device_free = 0;  // oom: the device's free memory
+};
+
+// A consistent copy of a tracker's state, taken under its lock.
+struct TrackerState {
+  std::vector<LiveAllocation> live;                          // by address
+  std::vector<HistoryEvent> history;                         // oldest first
+  std::vector<std::pair<std::uintptr_t, std::size_t>> mapped;  // mapped ranges it saw, by address
+  std::uint64_t step = 0;
+  std::uint64_t allocations = 0;     // on_malloc calls so far
+  std::uint64_t dropped_events = 0;  // history events overwritten by newer ones
+  std::uint64_t untracked_frees = 0; // frees of pointers it never saw allocated
+  std::optional<OomInfo> last_oom;
+};
+
+// Live bytes grouped by a key (a scope path or a call site), largest first.
+struct UsageGroup {
+  std::string key;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+};
+
+class Tracker final : public EngineListener {
+ public:
+  explicit Tracker(TrackerOptions options = {});
+  ~Tracker() override;
+  Tracker(const Tracker&) = delete;
+  Tracker& operator=(const Tracker&) = delete;
+
+  // `ptr` was just handed out. A pointer already live (its free was missed) is replaced.
+  void on_malloc(void* ptr, std::size_t size, std::size_t requested, StreamId stream);
+  // `ptr` is about to be freed: call before the free, so that a concurrent malloc reusing the
+  // address is always recorded after it. Unknown pointers are counted and otherwise ignored.
+  void on_free(void* ptr);
+  // A training step ends: the step counter advances and leak detection takes its sample.
+  void step();
+  void annotate(std::string_view text);
+
+  // EngineListener: the engine's slow path, recorded in the history.
+  void on_map(DevicePtr va, std::size_t bytes) override;
+  void on_unmap(DevicePtr va, std::size_t bytes) override;
+  void on_oom(const OomInfo& info) override;
+
+  const TrackerOptions& options() const noexcept;
+  std::uint64_t current_step() const;
+  std::size_t live_count() const;
+  std::size_t live_bytes() const;
+  TrackerState state() const;
+  std::optional<OomInfo> last_oom() const;
+  // Live memory by scope path ("<no scope>" for none) and by call site (the innermost frame,
+  // "<unknown>" for none), largest first, at most `limit` groups.
+  std::vector<UsageGroup> usage_by_scope(std::size_t limit = 20) const;
+  std::vector<UsageGroup> usage_by_site(std::size_t limit = 20) const;
+  // Sites whose surviving memory grows step after step (needs step() to be called each step).
+  std::vector<LeakFinding> leak_suspects() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The site of an allocation as people read it: its innermost frame ("file:line:function"), else
+// its scope path, else "<unknown>".
+std::string site_of(ScopeId scope, FramesId frames);
+
+// --- the adaptor ---------------------------------------------------------------------------------
+
+// Allocates from `engine` and reports to `tracker`, which it makes the engine's listener for its
+// lifetime. Both must outlive it.
+class TrackingResource final : public MemoryResource {
+ public:
+  TrackingResource(Engine& engine, Tracker& tracker);
+  ~TrackingResource() override;
+  TrackingResource(const TrackingResource&) = delete;
+  TrackingResource& operator=(const TrackingResource&) = delete;
+
+  void* allocate(std::size_t bytes, StreamId stream = 0) override;
+  void deallocate(void* ptr) override;
+
+  Engine& engine() const noexcept { return engine_; }
+  Tracker& tracker() const noexcept { return tracker_; }
+
+ private:
+  Engine& engine_;
+  Tracker& tracker_;
+};
+
+}  // namespace gmem

@@ -1,0 +1,52 @@
+"""gmem: a fragmentation-free GPU memory manager, from Python.
+
+The engine lives in libgmem.so (see gmem._lib for where it is looked for); this package is a
+pure-Python layer over its C API, so importing it needs no compiler.
+
+    import gmem
+    gmem.memory_stats()                 # PyTorch's statistic names, plus gmem's own
+    gmem.set_memory_limit(0.5)          # half the device; an int is bytes
+    print(gmem.memory_summary())
+
+To make gmem PyTorch's CUDA allocator, call gmem.torch.enable() before the first CUDA
+allocation, or run a script with `python -m gmem.run train.py ...`.
+"""
+
+from ._lib import library_path
+from ._summary import format_bytes, memory_summary
+from .errors import (
+    BadInputError,
+    DeviceError,
+    DoubleFreeError,
+    GmemError,
+    InvalidArgumentError,
+    InvalidPointerError,
+    OutOfMemoryError,
+)
+from .memory import (
+    empty_cache,
+    free,
+    malloc,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_limit,
+    memory_reserved,
+    memory_stat,
+    memory_stats,
+    record_stream,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_memory_limit,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadInputError", "DeviceError", "DoubleFreeError", "GmemError", "InvalidArgumentError",
+    "InvalidPointerError", "OutOfMemoryError",
+    "empty_cache", "format_bytes", "free", "library_path", "malloc", "max_memory_allocated",
+    "max_memory_reserved", "memory_allocated", "memory_limit", "memory_reserved", "memory_stat",
+    "memory_stats", "memory_summary", "record_stream", "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats", "set_memory_limit",
+]

@@ -1,0 +1,162 @@
+"""gmem as PyTorch's CUDA allocator.
+
+    import gmem.torch
+    gmem.torch.enable()      # before the first tensor goes to the GPU
+    ...                      # torch.cuda.memory_allocated() & co now answer from gmem
+
+enable() swaps PyTorch's caching allocator for gmem through
+torch.cuda.memory.CUDAPluggableAllocator, wires PyTorch's optional allocator hooks
+(torch.cuda.empty_cache, set_per_process_memory_fraction, Tensor.record_stream) to gmem, and
+patches torch.cuda's statistics functions, which the pluggable allocator cannot answer, to read
+gmem's. An allocator can only be swapped before CUDA is initialised, so enable() must come first.
+"""
+
+import collections
+import os
+import warnings
+
+from . import _lib, _shim, _summary, memory
+from .errors import GmemError
+
+# torch.cuda functions answered by gmem while it is the allocator (in torch.cuda and
+# torch.cuda.memory, which hold separate references).
+PATCHED = (
+    "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+    "memory_stats", "memory_stats_as_nested_dict", "memory_summary", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "empty_cache",
+)
+
+# Optional hooks of torch._C._cuda_CUDAAllocator (torch >= 2.1): setter -> libgmem function.
+HOOKS = (
+    ("set_reset_fn", "gmem_torch_empty_cache"),              # torch.cuda.empty_cache()
+    ("set_memory_fraction_fn", "gmem_torch_memory_fraction"),  # set_per_process_memory_fraction
+    ("set_record_stream_fn", "gmem_torch_record_stream"),    # Tensor.record_stream(stream)
+)
+
+_TOO_LATE = (
+    "gmem.torch.enable() must run before the first CUDA allocation: PyTorch has already "
+    "initialised CUDA and its own caching allocator%s. Call it at the top of your program, before "
+    "any tensor or module goes to the GPU (and before torch.cuda.init()), or start the program "
+    "with `python -m gmem.run your_script.py ...`.")
+
+_state = {"allocator": None, "entry_points": None, "originals": {}}
+
+
+def is_enabled():
+    return _state["allocator"] is not None
+
+
+def entry_points():
+    """(library path, alloc function, free function) PyTorch calls, or None when not enabled."""
+    return _state["entry_points"]
+
+
+def enable(oom_shim=True, _allow_simulated=False):
+    """Makes gmem PyTorch's CUDA allocator. Idempotent.
+
+    oom_shim: build/use the small shim (gmem/_torch_shim.cpp) that turns gmem's out-of-memory
+    into torch.OutOfMemoryError; without it PyTorch reports it as a RuntimeError.
+    Raises GmemError when PyTorch is missing or CUDA is already initialised.
+    """
+    if is_enabled():
+        return
+    try:
+        import torch
+    except ImportError as e:
+        raise GmemError("gmem.torch.enable() needs PyTorch, which cannot be imported: %s" % e) from e
+    if os.environ.get("GMEM_DEVICE") == "sim" and not _allow_simulated:
+        raise GmemError("gmem.torch.enable() needs the real GPU, but GMEM_DEVICE=sim makes gmem hand "
+                        "out simulated addresses that CUDA kernels cannot use; unset GMEM_DEVICE")
+    _check_not_too_late(torch)
+
+    lib_path = _lib.library_path()
+    points = (lib_path, "gmem_torch_malloc", "gmem_torch_free")
+    if oom_shim:
+        try:
+            points = (_shim.load(torch), _shim.ALLOC_FN, _shim.FREE_FN)
+        except _shim.ShimUnavailable as e:
+            warnings.warn("gmem: running without the torch shim (%s); out-of-memory will surface "
+                          "as RuntimeError rather than torch.OutOfMemoryError" % e, RuntimeWarning,
+                          stacklevel=2)
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(*points)
+    native = allocator.allocator()
+    for setter, symbol in HOOKS:
+        hook = getattr(native, setter, None)
+        if hook is not None:
+            hook(_lib.address_of(symbol))
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:  # "Can't swap an already initialized allocator"
+        raise GmemError(_TOO_LATE % (" (%s)" % e)) from e
+    # Keep the allocator (and through it the loaded libraries) alive for the process' lifetime.
+    _state["allocator"] = allocator
+    _state["entry_points"] = points
+    _patch(torch)
+
+
+def _check_not_too_late(torch):
+    if not torch.cuda.is_initialized():
+        return
+    detail = ""
+    try:
+        held = torch.cuda.memory_reserved()
+        detail = ", which holds %s" % _summary.format_bytes(held)
+    except Exception:  # the current allocator may not report statistics
+        pass
+    raise GmemError(_TOO_LATE % detail)
+
+
+# --- torch.cuda's statistics, answered by gmem ---------------------------------------------
+
+
+def _replacements(torch):
+    def index(device):
+        if device is None:
+            return None
+        get = getattr(torch.cuda, "_get_device_index", None)
+        return get(device, optional=True) if get is not None else memory.device_index(device)
+
+    def memory_stats_as_nested_dict(device=None):
+        nested = collections.OrderedDict()
+        for name, value in memory.memory_stats(index(device)).items():
+            node = nested
+            *parents, leaf = name.split(".")
+            for part in parents:
+                node = node.setdefault(part, collections.OrderedDict())
+            node[leaf] = value
+        return nested
+
+    return {
+        "memory_allocated": lambda device=None: memory.memory_allocated(index(device)),
+        "memory_reserved": lambda device=None: memory.memory_reserved(index(device)),
+        "max_memory_allocated": lambda device=None: memory.max_memory_allocated(index(device)),
+        "max_memory_reserved": lambda device=None: memory.max_memory_reserved(index(device)),
+        "memory_stats": lambda device=None: memory.memory_stats(index(device)),
+        "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+        "memory_summary": lambda device=None, abbreviated=False:
+            _summary.memory_summary(index(device), abbreviated),
+        "reset_peak_memory_stats": lambda device=None: memory.reset_peak_memory_stats(index(device)),
+        "reset_accumulated_memory_stats":
+            lambda device=None: memory.reset_accumulated_memory_stats(index(device)),
+        "empty_cache": lambda: _lib.lib().gmem_torch_empty_cache(),
+    }
+
+
+def _patch(torch):
+    replacements = _replacements(torch)
+    for module in (torch.cuda, torch.cuda.memory):
+        for name in PATCHED:
+            if hasattr(module, name):
+                _state["originals"][(module, name)] = getattr(module, name)
+            fn = replacements[name]
+            fn.__name__ = name
+            fn.__doc__ = "gmem's answer to torch.cuda.%s (gmem.torch is enabled)." % name
+            setattr(module, name, fn)
+
+
+def _reset_for_tests():
+    """Undoes the patches and forgets the allocator (PyTorch itself cannot swap back)."""
+    for (module, name), original in _state["originals"].items():
+        setattr(module, name, original)
+    _state.update(allocator=None, entry_points=None, originals={})

@@ -1,0 +1,117 @@
+// find_leaks over a trace: the allocations as the program saw them, steps inferred, fed to a
+// LeakDetector up to the last step boundary.
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "analysis/sites.hpp"
+#include "analysis/step_finder.hpp"
+#include "gmem/leaks.hpp"
+#include "gmem/trace.hpp"
+
+namespace gmem {
+namespace {
+
+// An allocation or a free as the program made it. A block counts as freed when the program
+// released it (free_requested), not when the allocator could reuse it (free_completed, later
+// when other streams still used it): a leak is memory the program still holds.
+struct Op {
+  const trace::Event* event;
+  bool alloc;
+};
+
+std::vector<Op> program_ops(const trace::Trace& trace, std::vector<std::int64_t>& live_curve) {
+  std::vector<Op> ops;
+  std::unordered_map<std::uint64_t, std::uint64_t> live;  // addr -> size
+  std::int64_t live_bytes = 0;
+  auto release = [&](const trace::Event& event) {
+    auto it = live.find(event.addr);
+    if (it == live.end()) return;  // completes an earlier free_requested, or allocated before the trace
+    live_bytes -= static_cast<std::int64_t>(it->second);
+    live.erase(it);
+    ops.push_back({&event, false});
+    live_curve.push_back(live_bytes);
+  };
+  for (const trace::Event& event : trace.events) {
+    switch (event.action) {
+      case trace::Action::alloc:
+        release(event);  // an address reused without a free: the free was missed
+        live[event.addr] = event.size;
+        live_bytes += static_cast<std::int64_t>(event.size);
+        ops.push_back({&event, true});
+        live_curve.push_back(live_bytes);
+        break;
+      case trace::Action::free_requested:
+      case trace::Action::free_completed:
+        release(event);
+        break;
+      default:
+        break;
+    }
+  }
+  return ops;
+}
+
+// Step boundaries as op indices: a boundary b comes just before ops[b].
+std::vector<std::size_t> step_boundaries(const std::vector<Op>& ops,
+                                         const std::vector<std::int64_t>& live_curve,
+                                         std::string& source) {
+  std::vector<std::size_t> boundaries;
+  for (std::size_t end : analysis::step_ends_from_live_minima(live_curve))
+    if (end + 1 < ops.size()) boundaries.push_back(end + 1);
+  if (boundaries.size() >= 3) {
+    source = "live-memory minima";
+    return boundaries;
+  }
+  // Memory never falls back: the most frequent allocation (frames and size) marks the steps.
+  std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint64_t>, std::uint64_t> ids;
+  std::vector<std::uint64_t> keys;
+  std::vector<std::size_t> alloc_ops;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].alloc) continue;
+    const trace::Event& e = *ops[i].event;
+    keys.push_back(ids.emplace(std::make_tuple(e.user_frame, e.lib_frame, e.size), ids.size()).first->second);
+    alloc_ops.push_back(i);
+  }
+  boundaries.clear();
+  for (std::size_t start : analysis::step_starts_from_recurrence(keys))
+    if (alloc_ops[start] > 0) boundaries.push_back(alloc_ops[start]);
+  source = boundaries.empty() ? "none" : "recurring allocation";
+  return boundaries;
+}
+
+}  // namespace
+
+LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
+  LeakReport report;
+  report.trace_name = trace.name;
+  std::vector<std::int64_t> live_curve;
+  const std::vector<Op> ops = program_ops(trace, live_curve);
+  const std::vector<std::size_t> boundaries = step_boundaries(ops, live_curve, report.period_source);
+  report.periods = boundaries.size();
+  if (boundaries.empty()) return report;
+
+  // Sites and stacks repeat: compute each (user frame, library frame) pair's once.
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::pair<std::string, std::string>> names;
+  LeakDetector detector(options);
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < boundaries.back(); ++i) {  // the teardown after the loop is left out
+    const trace::Event& e = *ops[i].event;
+    while (next < boundaries.size() && boundaries[next] == i) {
+      detector.on_step(e.time_us);
+      ++next;
+    }
+    if (!ops[i].alloc) {
+      detector.on_free(e.addr);
+      continue;
+    }
+    auto [it, added] = names.try_emplace({e.user_frame, e.lib_frame});
+    if (added) it->second = {analysis::site_of(trace, e), analysis::stack_of(trace, e)};
+    detector.on_alloc(e.addr, e.size, it->second.first, e.time_us, it->second.second);
+  }
+  detector.on_step(ops[boundaries.back()].event->time_us);
+  report.leaks = detector.findings();
+  return report;
+}
+
+}  // namespace gmem

@@ -1,0 +1,231 @@
+#include "capi/registry.hpp"
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "gmem/error.hpp"
+#include "gmem/sim_device.hpp"
+#ifdef GMEM_HAVE_CUDA
+#include "gmem/cuda_device.hpp"
+#endif
+
+namespace gmem::capi {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Which engine's address space holds a pointer: gmem_free gets no device argument.
+class AddressBook {
+ public:
+  void add(DevicePtr base, std::size_t size, DeviceContext* owner) {
+    std::unique_lock lock(mutex_);
+    ranges_[base] = Range{base + size, owner};
+  }
+  void remove(DevicePtr base) {
+    std::unique_lock lock(mutex_);
+    ranges_.erase(base);
+  }
+  DeviceContext* find(DevicePtr ptr) const {
+    std::shared_lock lock(mutex_);
+    auto next = ranges_.upper_bound(ptr);
+    if (next == ranges_.begin()) return nullptr;
+    --next;
+    return ptr < next->second.end ? next->second.owner : nullptr;
+  }
+
+ private:
+  struct Range {
+    DevicePtr end;
+    DeviceContext* owner;
+  };
+  mutable std::shared_mutex mutex_;
+  std::map<DevicePtr, Range> ranges_;
+};
+
+// Forwards to the real device, recording every reserved range in the address book.
+class RecordingDevice final : public Device {
+ public:
+  RecordingDevice(std::unique_ptr<Device> inner, AddressBook& book, DeviceContext& owner)
+      : inner_(std::move(inner)), book_(book), owner_(owner) {}
+
+  std::size_t granularity() const override { return inner_->granularity(); }
+  DeviceMemInfo mem_info() override { return inner_->mem_info(); }
+  std::string name() const override { return inner_->name(); }
+  int index() const override { return inner_->index(); }
+  DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
+    const DevicePtr base = inner_->reserve_address(size, alignment);
+    book_.add(base, size, &owner_);
+    return base;
+  }
+  void release_address(DevicePtr base, std::size_t size) override {
+    inner_->release_address(base, size);
+    book_.remove(base);
+  }
+  ChunkHandle create_chunk(std::size_t size) override { return inner_->create_chunk(size); }
+  void release_chunk(ChunkHandle chunk) override { inner_->release_chunk(chunk); }
+  void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
+    inner_->map(va, size, chunk);
+  }
+  void unmap(DevicePtr va, std::size_t size) override { inner_->unmap(va, size); }
+  void set_access(DevicePtr va, std::size_t size) override { inner_->set_access(va, size); }
+  EventHandle create_event() override { return inner_->create_event(); }
+  void destroy_event(EventHandle event) override { inner_->destroy_event(event); }
+  void record_event(EventHandle event, StreamId stream) override {
+    inner_->record_event(event, stream);
+  }
+  bool query_event(EventHandle event) override { return inner_->query_event(event); }
+  void synchronize_event(EventHandle event) override { inner_->synchronize_event(event); }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  AddressBook& book_;
+  DeviceContext& owner_;
+};
+
+enum class Backend { cuda, segment, sim };
+
+Backend backend_from_environment() {
+  const char* value = std::getenv("GMEM_DEVICE");
+  const std::string name = value != nullptr ? value : "";
+  if (name.empty() || name == "cuda") return Backend::cuda;
+  if (name == "segment") return Backend::segment;
+  if (name == "sim") return Backend::sim;
+  throw Error(Errc::invalid_argument,
+              "GMEM_DEVICE='" + name + "' is not one of: cuda, segment, sim");
+}
+
+SimDeviceOptions sim_options_from_environment() {
+  SimDeviceOptions options;
+  options.name = "simulated (GMEM_DEVICE=sim)";
+  const char* value = std::getenv("GMEM_SIM_CAPACITY");
+  if (value == nullptr || *value == '\0') return options;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long bytes = std::strtoull(value, &end, 10);
+  if (errno != 0 || *end != '\0' || bytes == 0 || *value == '-') {
+    throw Error(Errc::invalid_argument,
+                std::string("GMEM_SIM_CAPACITY='") + value + "' is not a positive byte count");
+  }
+  options.capacity = static_cast<std::size_t>(bytes);
+  return options;
+}
+
+class Registry {
+ public:
+  Registry() : backend_(backend_from_environment()) {}
+
+  DeviceContext& get(int device) {
+    if (device < 0) device = current_device();
+    if (device >= kMaxDevices) throw bad_ordinal(device);
+    if (DeviceContext* found = by_index_[device].load(std::memory_order_acquire)) return *found;
+
+    std::lock_guard lock(create_mutex_);
+    if (DeviceContext* found = by_index_[device].load(std::memory_order_acquire)) return *found;
+    auto context = std::make_unique<DeviceContext>();
+    context->index = device;
+    Opened opened = open_device(device);
+    context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
+    context->engine = std::make_unique<Engine>(*context->device, opened.options);
+    DeviceContext* created = context.release();  // kept for the life of the process
+    in_order_.push_back(created);
+    if (in_order_.size() == 1) first_.store(created, std::memory_order_release);
+    count_.fetch_add(1, std::memory_order_release);
+    by_index_[device].store(created, std::memory_order_release);
+    return *created;
+  }
+
+  DeviceContext* owner(const void* ptr) {
+    const int count = count_.load(std::memory_order_acquire);
+    if (count == 0) return nullptr;
+    // One device in use: its engine tells a foreign pointer apart itself.
+    if (count == 1) return first_.load(std::memory_order_acquire);
+    return book_.find(reinterpret_cast<DevicePtr>(ptr));
+  }
+
+  void for_each(const std::function<void(DeviceContext&)>& visit) {
+    std::vector<DeviceContext*> contexts;
+    {
+      std::lock_guard lock(create_mutex_);
+      contexts = in_order_;
+    }
+    for (DeviceContext* context : contexts) visit(*context);
+  }
+
+ private:
+  int current_device() const {
+#ifdef GMEM_HAVE_CUDA
+    if (backend_ != Backend::sim) return CudaDevice::current_device();
+#endif
+    return 0;
+  }
+
+  Error bad_ordinal(int device) const {
+    if (backend_ == Backend::sim) {
+      return Error(Errc::invalid_argument, "device " + std::to_string(device) +
+                                               " does not exist: GMEM_DEVICE=sim simulates "
+                                               "one device, 0");
+    }
+    return Error(Errc::invalid_argument, "device " + std::to_string(device) + " does not exist");
+  }
+
+  struct Opened {
+    std::unique_ptr<Device> device;
+    EngineOptions options;
+  };
+
+  Opened open_device(int device) const {
+    if (backend_ == Backend::sim) {
+      if (device != 0) throw bad_ordinal(device);
+      return {std::make_unique<SimulatedDevice>(sim_options_from_environment()), {}};
+    }
+#ifdef GMEM_HAVE_CUDA
+    const int count = CudaDevice::device_count();
+    if (device >= count) {
+      throw Error(Errc::invalid_argument, "device " + std::to_string(device) +
+                                              " does not exist: " + std::to_string(count) +
+                                              " CUDA device(s) present");
+    }
+    if (backend_ == Backend::cuda && CudaDevice::supports_vmm(device)) {
+      return {std::make_unique<CudaDevice>(device), {}};
+    }
+    // Without VMM every arena is committed memory: grow in small segments rather than
+    // reserving twice the device up front.
+    EngineOptions options;
+    options.address_space = CudaSegmentDevice::kArenaSize;
+    return {std::make_unique<CudaSegmentDevice>(device), options};
+#else
+    throw DeviceError("open device", 0,
+                      "gmem was built without CUDA; set GMEM_DEVICE=sim for the simulated device");
+#endif
+  }
+
+  const Backend backend_;
+  std::mutex create_mutex_;
+  std::array<std::atomic<DeviceContext*>, kMaxDevices> by_index_{};
+  std::vector<DeviceContext*> in_order_;
+  std::atomic<DeviceContext*> first_{nullptr};
+  std::atomic<int> count_{0};
+  AddressBook book_;
+};
+
+Registry& registry() {
+  static Registry* const instance = new Registry;  // deliberately never destroyed
+  return *instance;
+}
+
+}  // namespace
+
+DeviceContext& context(int device) { return registry().get(device); }
+DeviceContext* owner(const void* ptr) { return registry().owner(ptr); }
+void for_each_context(const std::function<void(DeviceContext&)>& visit) {
+  registry().for_each(visit);
+}
+
+}  // namespace gmem::capi

@@ -1,0 +1,44 @@
+// One engine per device for the C API, created on first use and kept for the life of the
+// process (never destroyed: PyTorch frees tensors during interpreter shutdown, after static
+// destructors, and the CUDA driver may already be gone by then).
+//
+// The device behind each engine comes from the environment:
+//   GMEM_DEVICE unset or "cuda": a CudaDevice, or a CudaSegmentDevice where VMM is unsupported
+//   GMEM_DEVICE=segment:         a CudaSegmentDevice (to exercise the fallback on any GPU)
+//   GMEM_DEVICE=sim:             one SimulatedDevice (device 0); GMEM_SIM_CAPACITY=bytes sizes it
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "gmem/device.hpp"
+#include "gmem/engine.hpp"
+
+namespace gmem {
+class Tracker;  // include/gmem/tracker.hpp (H6)
+}
+
+namespace gmem::capi {
+
+struct DeviceContext {
+  int index = 0;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Engine> engine;
+  // Observability hook: when set, the C API reports allocations and frees to it (H6 wires this
+  // up from include/gmem/tracker.hpp). Null means no tracking.
+  Tracker* tracker = nullptr;
+};
+
+// The context of `device` (-1 = the calling thread's current CUDA device, 0 when simulated),
+// created on first use; thread-safe. Throws Error(invalid_argument) for an ordinal that does not
+// exist and DeviceError when the device cannot be opened.
+DeviceContext& context(int device);
+
+// The context whose engine handed out addresses around `ptr`, or nullptr when `ptr` lies outside
+// every engine's address space (a foreign pointer). Lock-free when one device is in use.
+DeviceContext* owner(const void* ptr);
+
+// Every context created so far, in creation order.
+void for_each_context(const std::function<void(DeviceContext&)>& visit);
+
+}  // namespace gmem::capi

@@ -1,0 +1,405 @@
+// SimulatedDevice: CUDA's virtual memory API as bookkeeping only. Every misuse that the real
+// driver would reject (or that would corrupt memory on a real GPU) throws a DeviceError here, so
+// engine bugs surface in tests instead of on the GPU.
+#include "gmem/sim_device.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "gmem/error.hpp"
+
+namespace gmem {
+
+namespace {
+
+// CUDA driver result codes used for the errors we raise.
+constexpr int kInvalidValue = 1;      // CUDA_ERROR_INVALID_VALUE
+constexpr int kOutOfMemory = 2;       // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kInvalidHandle = 400;   // CUDA_ERROR_INVALID_HANDLE
+constexpr int kUnknown = 999;         // CUDA_ERROR_UNKNOWN
+
+// Fake addresses start high, like real device pointers, so 0 is never a valid one.
+constexpr DevicePtr kFirstAddress = 0x7f0000000000;
+
+std::string hex(std::uintptr_t value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "0x%jx", static_cast<std::uintmax_t>(value));
+  return buffer;
+}
+
+bool is_power_of_two(std::size_t value) { return value != 0 && (value & (value - 1)) == 0; }
+
+int index_of(DeviceCall call) { return static_cast<int>(call); }
+
+}  // namespace
+
+const char* device_call_name(DeviceCall call) noexcept {
+  switch (call) {
+    case DeviceCall::reserve_address: return "cuMemAddressReserve";
+    case DeviceCall::release_address: return "cuMemAddressFree";
+    case DeviceCall::create_chunk: return "cuMemCreate";
+    case DeviceCall::release_chunk: return "cuMemRelease";
+    case DeviceCall::map: return "cuMemMap";
+    case DeviceCall::unmap: return "cuMemUnmap";
+    case DeviceCall::set_access: return "cuMemSetAccess";
+    case DeviceCall::create_event: return "cuEventCreate";
+    case DeviceCall::destroy_event: return "cuEventDestroy";
+    case DeviceCall::record_event: return "cuEventRecord";
+    case DeviceCall::query_event: return "cuEventQuery";
+    case DeviceCall::synchronize_event: return "cuEventSynchronize";
+    case DeviceCall::mem_info: return "cuMemGetInfo";
+    case DeviceCall::count_: break;
+  }
+  return "unknown";
+}
+
+SimulatedDevice::SimulatedDevice(SimDeviceOptions options)
+    : options_(std::move(options)), next_address_(kFirstAddress) {
+  if (!is_power_of_two(options_.granularity)) {
+    throw Error(Errc::invalid_argument, "SimulatedDevice: granularity " +
+                                            std::to_string(options_.granularity) +
+                                            " is not a power of two");
+  }
+  if (options_.used_by_others > options_.capacity) {
+    throw Error(Errc::invalid_argument, "SimulatedDevice: used_by_others " +
+                                            format_bytes(options_.used_by_others) +
+                                            " exceeds capacity " + format_bytes(options_.capacity));
+  }
+}
+
+SimulatedDevice::~SimulatedDevice() = default;
+
+void SimulatedDevice::count(DeviceCall call) {
+  const int i = index_of(call);
+  const std::uint64_t number = ++calls_[i];
+  if (failures_[i].at != 0 && failures_[i].at == number) {
+    const bool oom = failures_[i].out_of_memory;
+    failures_[i] = {};
+    if (oom) throw DeviceError::out_of_memory(device_call_name(call), kOutOfMemory, "injected failure");
+    throw DeviceError(device_call_name(call), kUnknown, "injected failure");
+  }
+}
+
+void SimulatedDevice::check_granular(std::size_t value, const char* what, const char* call) const {
+  if (value % options_.granularity != 0) {
+    throw DeviceError(call, kInvalidValue, std::string(what) + " " + std::to_string(value) +
+                                               " is not a multiple of the granularity " +
+                                               std::to_string(options_.granularity));
+  }
+}
+
+void SimulatedDevice::check_reserved(DevicePtr va, std::size_t size, const char* call) const {
+  auto it = reservations_.upper_bound(va);
+  if (it != reservations_.begin()) {
+    --it;
+    const DevicePtr base = it->first;
+    if (va >= base && size <= it->second && va - base <= it->second - size) return;
+  }
+  throw DeviceError(call, kInvalidValue, "range [" + hex(va) + ", +" + std::to_string(size) +
+                                             ") is not inside a reserved address range");
+}
+
+DeviceMemInfo SimulatedDevice::mem_info() {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::mem_info);
+  const std::size_t used = options_.used_by_others + chunk_bytes_;
+  return {options_.capacity > used ? options_.capacity - used : 0, options_.capacity};
+}
+
+DevicePtr SimulatedDevice::reserve_address(std::size_t size, std::size_t alignment) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::reserve_address);
+  count(DeviceCall::reserve_address);
+  if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
+  check_granular(size, "size", call);
+  if (alignment != 0 && !is_power_of_two(alignment)) {
+    throw DeviceError(call, kInvalidValue, "alignment " + std::to_string(alignment) +
+                                               " is not a power of two");
+  }
+  const std::size_t align = std::max(alignment, options_.granularity);
+  const DevicePtr base = (next_address_ + align - 1) & ~static_cast<DevicePtr>(align - 1);
+  if (base < next_address_ || size > ~DevicePtr{0} - base - options_.granularity) {
+    throw DeviceError::out_of_memory(call, kOutOfMemory, "virtual address space exhausted");
+  }
+  // Leave a granule-sized hole after each range so that neighbouring reservations never look
+  // contiguous: an engine that walks past its range hits unreserved space.
+  next_address_ = base + size + options_.granularity;
+  reservations_.emplace(base, size);
+  return base;
+}
+
+void SimulatedDevice::release_address(DevicePtr base, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::release_address);
+  count(DeviceCall::release_address);
+  auto it = reservations_.find(base);
+  if (it == reservations_.end()) {
+    throw DeviceError(call, kInvalidValue, hex(base) + " is not the base of a reserved range");
+  }
+  if (it->second != size) {
+    throw DeviceError(call, kInvalidValue, "size " + std::to_string(size) +
+                                               " differs from the reserved " +
+                                               std::to_string(it->second));
+  }
+  // Look for mappings inside the range: walk whichever is smaller, the range or the mappings.
+  const std::size_t granules_in_range = size / options_.granularity;
+  bool mapped_inside = false;
+  if (granules_.size() < granules_in_range) {
+    mapped_inside = std::any_of(granules_.begin(), granules_.end(), [&](const auto& entry) {
+      return entry.first >= base && entry.first - base < size;
+    });
+  } else {
+    for (std::size_t g = 0; g < granules_in_range && !mapped_inside; ++g) {
+      mapped_inside = granules_.count(base + g * options_.granularity) != 0;
+    }
+  }
+  if (mapped_inside) {
+    throw DeviceError(call, kInvalidValue, "range at " + hex(base) + " still has mappings");
+  }
+  reservations_.erase(it);
+}
+
+ChunkHandle SimulatedDevice::create_chunk(std::size_t size) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::create_chunk);
+  count(DeviceCall::create_chunk);
+  if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
+  check_granular(size, "size", call);
+  const std::size_t available = options_.capacity - options_.used_by_others;
+  if (chunk_bytes_ + size > available) {
+    throw DeviceError::out_of_memory(call, kOutOfMemory,
+                                     "cannot create " + format_bytes(size) + ": " +
+                                         format_bytes(chunk_bytes_) + " of " +
+                                         format_bytes(available) + " in use");
+  }
+  const ChunkHandle handle = next_chunk_++;
+  chunks_.emplace(handle, size);
+  chunk_bytes_ += size;
+  return handle;
+}
+
+void SimulatedDevice::release_chunk(ChunkHandle chunk) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::release_chunk);
+  count(DeviceCall::release_chunk);
+  auto it = chunks_.find(chunk);
+  if (it == chunks_.end()) {
+    throw DeviceError(call, kInvalidHandle, "unknown chunk " + std::to_string(chunk));
+  }
+  if (chunk_maps_.count(chunk) != 0) {
+    throw DeviceError(call, kInvalidValue, "chunk " + std::to_string(chunk) + " is still mapped");
+  }
+  chunk_bytes_ -= it->second;
+  chunks_.erase(it);
+}
+
+void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::map);
+  count(DeviceCall::map);
+  auto it = chunks_.find(chunk);
+  if (it == chunks_.end()) {
+    throw DeviceError(call, kInvalidHandle, "unknown chunk " + std::to_string(chunk));
+  }
+  if (size != it->second) {
+    throw DeviceError(call, kInvalidValue, "size " + std::to_string(size) +
+                                               " differs from the chunk's " +
+                                               std::to_string(it->second));
+  }
+  check_granular(va, "address", call);
+  check_reserved(va, size, call);
+  const std::size_t step = options_.granularity;
+  for (std::size_t offset = 0; offset < size; offset += step) {
+    if (granules_.count(va + offset) != 0) {
+      throw DeviceError(call, kInvalidValue, hex(va + offset) + " is already mapped");
+    }
+  }
+  for (std::size_t offset = 0; offset < size; offset += step) {
+    granules_.emplace(va + offset, Granule{chunk, offset, false});
+  }
+  ++chunk_maps_[chunk];
+}
+
+void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::unmap);
+  count(DeviceCall::unmap);
+  if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
+  check_granular(va, "address", call);
+  check_granular(size, "size", call);
+  const std::size_t step = options_.granularity;
+  // Like cuMemUnmap, only whole mappings: the range starts where a mapping starts, ends where
+  // one ends, and everything in between is mapped.
+  for (std::size_t offset = 0; offset < size; offset += step) {
+    auto it = granules_.find(va + offset);
+    if (it == granules_.end()) {
+      throw DeviceError(call, kInvalidValue, hex(va + offset) + " is not mapped");
+    }
+    const bool starts_mapping = it->second.offset == 0;
+    const bool ends_mapping = it->second.offset + step == chunks_.at(it->second.chunk);
+    if ((offset == 0 && !starts_mapping) || (offset + step == size && !ends_mapping)) {
+      throw DeviceError(call, kInvalidValue, "range [" + hex(va) + ", +" + std::to_string(size) +
+                                                 ") cuts a mapping");
+    }
+  }
+  for (std::size_t offset = 0; offset < size; offset += step) {
+    auto it = granules_.find(va + offset);
+    if (it->second.offset == 0) {
+      auto maps = chunk_maps_.find(it->second.chunk);
+      if (--maps->second == 0) chunk_maps_.erase(maps);
+    }
+    granules_.erase(it);
+  }
+}
+
+void SimulatedDevice::set_access(DevicePtr va, std::size_t size) {
+  std::lock_guard lock(mutex_);
+  const char* call = device_call_name(DeviceCall::set_access);
+  count(DeviceCall::set_access);
+  if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
+  check_granular(va, "address", call);
+  check_granular(size, "size", call);
+  const std::size_t step = options_.granularity;
+  for (std::size_t offset = 0; offset < size; offset += step) {
+    if (granules_.count(va + offset) == 0) {
+      throw DeviceError(call, kInvalidValue, hex(va + offset) + " is not mapped");
+    }
+  }
+  for (std::size_t offset = 0; offset < size; offset += step) {
+    granules_.find(va + offset)->second.accessible = true;
+  }
+}
+
+EventHandle SimulatedDevice::create_event() {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::create_event);
+  const EventHandle handle = next_event_++;
+  events_.emplace(handle, Event{});
+  return handle;
+}
+
+void SimulatedDevice::destroy_event(EventHandle event) {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::destroy_event);
+  if (events_.erase(event) == 0) {
+    throw DeviceError(device_call_name(DeviceCall::destroy_event), kInvalidHandle,
+                      "unknown event " + std::to_string(event));
+  }
+}
+
+void SimulatedDevice::record_event(EventHandle event, StreamId stream) {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::record_event);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw DeviceError(device_call_name(DeviceCall::record_event), kInvalidHandle,
+                      "unknown event " + std::to_string(event));
+  }
+  it->second = Event{stream, submitted_[stream], true};
+}
+
+bool SimulatedDevice::query_event(EventHandle event) {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::query_event);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw DeviceError(device_call_name(DeviceCall::query_event), kInvalidHandle,
+                      "unknown event " + std::to_string(event));
+  }
+  // An event never recorded is complete, as with cuEventQuery.
+  if (options_.streams_complete_immediately || !it->second.recorded) return true;
+  return completed_[it->second.stream] >= it->second.target;
+}
+
+void SimulatedDevice::synchronize_event(EventHandle event) {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::synchronize_event);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw DeviceError(device_call_name(DeviceCall::synchronize_event), kInvalidHandle,
+                      "unknown event " + std::to_string(event));
+  }
+  if (!it->second.recorded) return;
+  // Waiting on the host lets the stream run up to the event (not past it).
+  std::uint64_t& done = completed_[it->second.stream];
+  done = std::max(done, it->second.target);
+}
+
+std::uint64_t SimulatedDevice::calls(DeviceCall call) const {
+  std::lock_guard lock(mutex_);
+  return calls_[index_of(call)];
+}
+
+void SimulatedDevice::reset_call_counts() {
+  std::lock_guard lock(mutex_);
+  // Pending failures count from now: keep them the same number of calls away.
+  for (std::size_t i = 0; i < calls_.size(); ++i) {
+    if (failures_[i].at != 0) failures_[i].at -= calls_[i];
+    calls_[i] = 0;
+  }
+}
+
+void SimulatedDevice::fail_call(DeviceCall call, std::uint64_t nth, bool out_of_memory) {
+  std::lock_guard lock(mutex_);
+  const int i = index_of(call);
+  failures_[i] = nth == 0 ? Failure{} : Failure{calls_[i] + nth, out_of_memory};
+}
+
+void SimulatedDevice::submit_work(StreamId stream) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t work = ++submitted_[stream];
+  if (options_.streams_complete_immediately) completed_[stream] = work;
+}
+
+void SimulatedDevice::complete_stream(StreamId stream) {
+  std::lock_guard lock(mutex_);
+  completed_[stream] = submitted_[stream];
+}
+
+void SimulatedDevice::complete_all_streams() {
+  std::lock_guard lock(mutex_);
+  for (const auto& [stream, work] : submitted_) completed_[stream] = work;
+}
+
+std::size_t SimulatedDevice::chunk_bytes() const {
+  std::lock_guard lock(mutex_);
+  return chunk_bytes_;
+}
+
+std::size_t SimulatedDevice::mapped_bytes() const {
+  std::lock_guard lock(mutex_);
+  return granules_.size() * options_.granularity;
+}
+
+std::size_t SimulatedDevice::reserved_address_bytes() const {
+  std::lock_guard lock(mutex_);
+  std::size_t total = 0;
+  for (const auto& [base, size] : reservations_) total += size;
+  return total;
+}
+
+bool SimulatedDevice::is_mapped(DevicePtr va) const {
+  std::lock_guard lock(mutex_);
+  return granules_.count(va & ~static_cast<DevicePtr>(options_.granularity - 1)) != 0;
+}
+
+bool SimulatedDevice::is_accessible(DevicePtr va) const {
+  std::lock_guard lock(mutex_);
+  auto it = granules_.find(va & ~static_cast<DevicePtr>(options_.granularity - 1));
+  return it != granules_.end() && it->second.accessible;
+}
+
+ChunkHandle SimulatedDevice::chunk_at(DevicePtr va) const {
+  std::lock_guard lock(mutex_);
+  auto it = granules_.find(va & ~static_cast<DevicePtr>(options_.granularity - 1));
+  return it == granules_.end() ? 0 : it->second.chunk;
+}
+
+std::size_t SimulatedDevice::live_events() const {
+  std::lock_guard lock(mutex_);
+  return events_.size();
+}
+
+}  // namespace gmem

@@ -1,0 +1,80 @@
+// Small blocks: per arena (stream) and size class, slabs of a few equal slots. The fast path
+// pops a free slot from the first slab of the class with room; a slab that empties is kept as
+// the class's one spare, further empty slabs go back to the large allocator. Bookkeeping only:
+// the engine carves and backs the slabs' memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/range_allocator.hpp"
+#include "engine/size_classes.hpp"
+#include "gmem/device.hpp"
+
+namespace gmem::detail {
+
+using SlabId = std::uint32_t;
+inline constexpr SlabId kNoSlab = ~SlabId{0};
+
+struct Slab {
+  DevicePtr base = 0;
+  std::size_t object_size = 0;
+  NodeId node = kNoNode;  // the range holding the slab in its arena
+  std::uint32_t arena = 0;
+  std::uint32_t cls = 0;
+  std::uint32_t capacity = 0;
+  std::uint32_t used = 0;
+  SlabId prev = kNoSlab, next = kNoSlab;  // the class's list of slabs with free slots
+  bool listed = false;
+  bool live = false;
+  std::vector<std::uint32_t> free_slots;  // a stack; host memory only, never the device's
+  std::size_t bytes() const { return object_size * capacity; }
+};
+
+class SlabAllocator {
+ public:
+  void add_arena();
+
+  // A free slot of class `cls` in `arena`, or 0 when the class has no room left.
+  DevicePtr allocate(std::uint32_t arena, int cls, SlabId& slab) {
+    ClassState& c = classes_[arena * kNumClasses + static_cast<std::size_t>(cls)];
+    if (c.partial == kNoSlab && !reuse_spare(c)) return 0;
+    slab = c.partial;
+    Slab& s = slabs_[slab];
+    const std::uint32_t slot = s.free_slots.back();
+    s.free_slots.pop_back();
+    if (++s.used == s.capacity) unlist(c, slab);
+    return s.base + slot * s.object_size;
+  }
+  // Registers a new slab over [base, base + slab bytes) and lists it.
+  SlabId add(std::uint32_t arena, int cls, DevicePtr base, NodeId node);
+  // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept as the
+  // class's spare: the caller then gives its range back and calls remove().
+  bool free(SlabId slab, DevicePtr ptr);
+  void remove(SlabId slab);
+  // Takes every spare (empty) slab out of the classes, for the engine to release under pressure.
+  std::vector<SlabId> take_spares();
+
+  const Slab& slab(SlabId id) const { return slabs_[id]; }
+  std::size_t slab_count() const { return slabs_.size(); }
+  std::size_t live_slabs() const { return live_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  struct ClassState {
+    SlabId partial = kNoSlab;  // slabs with room
+    SlabId spare = kNoSlab;    // an empty slab kept for reuse
+  };
+  bool reuse_spare(ClassState& c);
+  void list(ClassState& c, SlabId id);
+  void unlist(ClassState& c, SlabId id);
+
+  std::vector<Slab> slabs_;
+  std::vector<SlabId> recycled_;
+  std::vector<ClassState> classes_;
+  std::size_t live_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace gmem::detail

@@ -1,0 +1,225 @@
+// Replay in two passes: the trace is first compiled into a flat list of malloc/free operations on
+// numbered slots (resolving addresses, checking the trace, computing its own peaks), so that the
+// timed pass does nothing but call the engine.
+#include "trace/replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <unordered_map>
+
+#include "gmem/engine.hpp"
+#include "gmem/error.hpp"
+#include "gmem/sim_device.hpp"
+
+namespace gmem::trace {
+
+namespace {
+
+constexpr std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
+
+std::string hex(std::uint64_t value) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+struct Op {
+  std::uint64_t size = 0;    // malloc only
+  std::uint64_t stream = 0;  // malloc only
+  std::uint32_t slot = 0;    // which live block
+  bool malloc = false;
+  std::uint32_t event = 0;   // index into the trace's events, for messages
+};
+
+struct Program {
+  std::vector<Op> ops;
+  std::size_t slots = 0;
+  std::size_t mallocs = 0;
+  std::size_t live_at_end = 0;
+  std::uint64_t peak_allocated = 0;
+  std::uint64_t recorded_peak_reserved = 0;
+};
+
+Program compile(const Trace& trace) {
+  Program p;
+  struct Live {
+    std::uint32_t slot;
+    std::uint64_t size;
+    std::size_t line;
+  };
+  std::unordered_map<std::uint64_t, Live> live;  // trace address -> block
+  std::vector<std::uint32_t> free_slots;
+  std::uint64_t allocated = 0, reserved = 0;
+  p.ops.reserve(trace.events.size());
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const Event& e = trace.events[i];
+    const auto index = static_cast<std::uint32_t>(i);
+    switch (e.action) {
+      case Action::alloc: {
+        if (e.size == 0) throw BadInputError(trace.path, e.line, "alloc of 0 bytes");
+        std::uint32_t slot;
+        if (free_slots.empty()) {
+          slot = static_cast<std::uint32_t>(p.slots++);
+        } else {
+          slot = free_slots.back();
+          free_slots.pop_back();
+        }
+        auto [it, fresh] = live.try_emplace(e.addr, Live{slot, e.size, e.line});
+        if (!fresh)
+          throw BadInputError(trace.path, e.line,
+                              "alloc at " + hex(e.addr) + ", which is still live (allocated at line " +
+                                  std::to_string(it->second.line) + ")");
+        p.ops.push_back(Op{e.size, e.stream, slot, true, index});
+        ++p.mallocs;
+        allocated += round_up(e.size, kAlignment);
+        p.peak_allocated = std::max(p.peak_allocated, allocated);
+        break;
+      }
+      case Action::free_completed: {
+        auto it = live.find(e.addr);
+        if (it == live.end())
+          throw BadInputError(trace.path, e.line, "free of " + hex(e.addr) + ", which is not live");
+        p.ops.push_back(Op{0, 0, it->second.slot, false, index});
+        free_slots.push_back(it->second.slot);
+        allocated -= round_up(it->second.size, kAlignment);
+        live.erase(it);
+        break;
+      }
+      case Action::segment_alloc:
+        reserved += e.size;
+        p.recorded_peak_reserved = std::max(p.recorded_peak_reserved, reserved);
+        break;
+      case Action::segment_free:
+        reserved -= std::min(reserved, e.size);  // a trace cut short may free what it never saw
+        break;
+      case Action::free_requested:  // the block is reusable only at free_completed
+      case Action::oom:
+        break;
+    }
+  }
+  p.live_at_end = live.size();
+  return p;
+}
+
+struct DeviceCounts {
+  std::uint64_t creates, maps, unmaps;
+  static DeviceCounts of(const SimulatedDevice& d) {
+    return {d.calls(DeviceCall::create_chunk), d.calls(DeviceCall::map), d.calls(DeviceCall::unmap)};
+  }
+  std::uint64_t total() const { return creates + maps + unmaps; }
+};
+
+ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions& options) {
+  ReplayResult r;
+  r.trace = trace.name;
+  r.events = trace.events.size();
+  r.capacity = options.capacity;
+  r.live_at_end = program.live_at_end;
+  r.peak_allocated = program.peak_allocated;
+  r.recorded_peak_reserved = program.recorded_peak_reserved;
+
+  SimDeviceOptions device_options;
+  device_options.capacity = options.capacity;
+  SimulatedDevice device(device_options);
+  Engine engine(device);
+  std::vector<void*> blocks(program.slots);
+
+  // Timed stretches end at the half-way mark (to count late device calls) and at checks.
+  const std::size_t n =
+      options.stop_at_event == 0
+          ? program.ops.size()
+          : static_cast<std::size_t>(std::partition_point(program.ops.begin(), program.ops.end(),
+                                                          [&](const Op& op) { return op.event < options.stop_at_event; }) -
+                                     program.ops.begin());
+  const std::size_t half = n / 2;
+  const std::size_t every = options.check_invariants ? options.check_every : 0;
+  std::chrono::nanoseconds engine_time{0};
+  DeviceCounts at_half{};
+  std::size_t done = 0;
+  try {
+    while (done < n) {
+      std::size_t end = n;
+      if (done < half) end = half;
+      if (every) end = std::min(end, (done / every + 1) * every);
+      const auto start = std::chrono::steady_clock::now();
+      for (; done < end; ++done) {
+        const Op& op = program.ops[done];
+        if (op.malloc) {
+          blocks[op.slot] = engine.malloc(op.size, op.stream);
+        } else {
+          engine.free(blocks[op.slot]);
+        }
+      }
+      engine_time += std::chrono::steady_clock::now() - start;
+      if (done == half) at_half = DeviceCounts::of(device);
+      if (every && done % every == 0) engine.check_invariants();
+    }
+  } catch (const Error& error) {
+    const Op& op = program.ops[done];
+    const Event& e = trace.events[op.event];
+    r.failed = true;
+    r.failure = trace.path + ":" + std::to_string(e.line) + ": " +
+                (op.malloc ? "alloc of " + std::to_string(op.size) + " bytes" : std::string("free")) +
+                " failed: " + error.what();
+  }
+  if (options.check_invariants) engine.check_invariants();
+  if (options.on_stop) {  // which blocks are live, and which trace event allocated each
+    std::vector<std::uint32_t> allocated_by(program.slots);
+    std::vector<bool> live(program.slots, false);
+    for (std::size_t i = 0; i < done; ++i) {
+      allocated_by[program.ops[i].slot] = program.ops[i].event;
+      live[program.ops[i].slot] = program.ops[i].malloc;
+    }
+    std::vector<std::pair<std::uint32_t, void*>> live_blocks;
+    for (std::size_t slot = 0; slot < program.slots; ++slot)
+      if (live[slot]) live_blocks.emplace_back(allocated_by[slot], blocks[slot]);
+    options.on_stop(engine, live_blocks);
+  }
+
+  const DeviceCounts end_counts = DeviceCounts::of(device);
+  const MemoryStats stats = engine.stats();
+  r.peak_reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak);
+  r.creates = end_counts.creates;
+  r.maps = end_counts.maps;
+  r.unmaps = end_counts.unmaps;
+  r.late_device_calls = done >= half ? end_counts.total() - at_half.total() : 0;
+  for (std::size_t i = 0; i < done; ++i) (program.ops[i].malloc ? r.mallocs : r.frees)++;
+  r.ns_per_op = done ? static_cast<double>(engine_time.count()) / static_cast<double>(done) : 0.0;
+  return r;
+}
+
+}  // namespace
+
+ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
+  return run(trace, compile(trace), options);
+}
+
+std::size_t min_capacity(const Trace& trace, std::size_t granularity) {
+  const Program program = compile(trace);
+  if (program.peak_allocated == 0) return 0;
+  auto runs = [&](std::size_t capacity) {
+    ReplayOptions options;
+    options.capacity = capacity;
+    return !run(trace, program, options).failed;
+  };
+  // The replay on a device as large as need be bounds the answer from above.
+  ReplayOptions roomy;
+  roomy.capacity = std::max<std::size_t>(roomy.capacity, round_up(4 * program.peak_allocated, granularity));
+  const ReplayResult unlimited = run(trace, program, roomy);
+  if (unlimited.failed) return 0;
+  std::size_t hi = round_up(std::max<std::uint64_t>(unlimited.peak_reserved, granularity), granularity);
+  while (!runs(hi)) {
+    if (hi >= roomy.capacity) return roomy.capacity;
+    hi = std::min<std::size_t>(hi * 2, roomy.capacity);
+  }
+  // Below peak allocated nothing can run: lo always fails.
+  std::size_t lo = (program.peak_allocated - 1) / granularity * granularity;
+  while (hi - lo > granularity) {
+    const std::size_t mid = lo + (hi - lo) / granularity / 2 * granularity;
+    (runs(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+}  // namespace gmem::trace

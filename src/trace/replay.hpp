@@ -1,0 +1,69 @@
+// Replays a trace's alloc/free sequence through gmem's Engine on a SimulatedDevice and measures
+// what it reserved, the device calls it made and its host time, next to what the trace's own
+// allocator (PyTorch's native one) reserved.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmem/engine.hpp"
+#include "gmem/trace.hpp"
+
+namespace gmem::trace {
+
+struct ReplayOptions {
+  std::size_t capacity = std::size_t{80} << 30;  // the simulated device's memory
+  // Run Engine::check_invariants() at the end, and every `check_every` operations when nonzero.
+  bool check_invariants = false;
+  std::size_t check_every = 0;
+  // Replays only the trace's first `stop_at_event` events (0: all of them): the state at a point.
+  std::size_t stop_at_event = 0;
+  // Called when the replay stops, the engine still holding the live blocks (for summaries), with
+  // each live block's engine pointer and the index of the trace event that allocated it.
+  std::function<void(const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live)>
+      on_stop;
+};
+
+struct ReplayResult {
+  std::string trace;            // the trace's name
+  std::size_t events = 0;       // events in the trace
+  std::size_t mallocs = 0;      // engine calls made (allocs and frees replayed)
+  std::size_t frees = 0;
+  std::size_t live_at_end = 0;  // blocks never freed in the trace
+  std::size_t capacity = 0;     // of the simulated device
+
+  std::uint64_t peak_allocated = 0;          // peak of live sizes rounded to 512 B (PyTorch's)
+  std::uint64_t recorded_peak_reserved = 0;  // the native allocator's, from segment events
+  std::uint64_t peak_reserved = 0;           // gmem's reserved_bytes.all.peak
+
+  std::uint64_t creates = 0;  // device calls made by the engine
+  std::uint64_t maps = 0;
+  std::uint64_t unmaps = 0;
+  // Device calls (create + map + unmap) during the second half of the replayed operations: a
+  // steady loop should make none once its working set is cached.
+  std::uint64_t late_device_calls = 0;
+  double ns_per_op = 0;  // host time inside Engine::malloc/free, per call
+
+  bool failed = false;
+  std::string failure;  // the first failure: which event and why
+
+  double reserved_ratio() const { return ratio(peak_reserved); }
+  double recorded_ratio() const { return ratio(recorded_peak_reserved); }
+  double ratio(std::uint64_t bytes) const {
+    return peak_allocated ? static_cast<double>(bytes) / static_cast<double>(peak_allocated) : 0.0;
+  }
+};
+
+// Replays `trace`; a malloc the engine cannot serve ends the replay with `failed` set. Throws
+// BadInputError (file and line) for a free of an address that is not live in the trace.
+ReplayResult replay(const Trace& trace, const ReplayOptions& options = {});
+
+// The smallest device capacity, a multiple of `granularity`, on which the replay has no failed
+// malloc (bisection between peak allocated and what an unlimited replay reserved).
+std::size_t min_capacity(const Trace& trace, std::size_t granularity = std::size_t{2} << 20);
+
+}  // namespace gmem::trace

@@ -1,0 +1,260 @@
+// OOM reports: the cause from the numbers, the breakdowns from the live allocations, advice by
+// cause.
+#include "gmem/oom_report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <unordered_map>
+
+#include "tracking/json_out.hpp"
+
+namespace gmem {
+namespace {
+
+constexpr std::size_t kTop = 10;
+
+std::size_t minus(std::size_t a, std::size_t b) { return a > b ? a - b : 0; }
+
+std::vector<UsageGroup> group_by(const std::vector<LiveAllocation>& live,
+                                 std::string (*key_of)(const LiveAllocation&)) {
+  std::unordered_map<std::string, UsageGroup> groups;
+  for (const LiveAllocation& a : live) {
+    UsageGroup& g = groups[key_of(a)];
+    g.bytes += a.size;
+    ++g.count;
+  }
+  std::vector<UsageGroup> out;
+  for (auto& [key, g] : groups) {
+    g.key = key;
+    out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(), [](const UsageGroup& a, const UsageGroup& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.key < b.key;
+  });
+  if (out.size() > kTop) out.resize(kTop);
+  return out;
+}
+
+std::string scope_key(const LiveAllocation& a) {
+  return a.scope != 0 ? scopes::path(a.scope) : std::string("<no scope>");
+}
+std::string site_key(const LiveAllocation& a) { return site_of(0, a.frames); }
+
+void diagnose(OomReport& r) {
+  const OomInfo& i = r.info;
+  const std::size_t need = i.allocated + i.requested;
+  const bool device_known = i.device_total > 0;
+  const std::size_t device_room = i.reserved + i.device_free;  // what gmem could hold at most
+  const std::string needs = "live allocations (" + format_bytes(i.allocated) +
+                            ") plus the request (" + format_bytes(i.requested) + ") need " +
+                            format_bytes(need);
+  if (i.limit > 0 && need > i.limit && (!device_known || i.limit <= device_room)) {
+    r.cause = "live memory";
+    r.explanation = needs + ", more than gmem's memory limit (" + format_bytes(i.limit) + ")";
+    return;
+  }
+  if (device_known && need > device_room) {
+    const std::size_t shortfall = need - device_room;
+    // The CUDA context alone holds a few hundred MiB: outside memory is the cause only where it
+    // is large enough to matter and to have made the difference.
+    if (need <= i.device_total && r.held_outside >= shortfall &&
+        r.held_outside > i.device_total / 20) {
+      r.cause = "memory held outside gmem";
+      r.explanation = needs + ", which fits in the device's " + format_bytes(i.device_total) +
+                      ", but " + format_bytes(r.held_outside) +
+                      " of it is held outside gmem (CUDA context, NCCL, other processes)";
+    } else {
+      r.cause = "live memory";
+      r.explanation = needs + ", more than the device can give gmem (" +
+                      format_bytes(i.reserved) + " held + " + format_bytes(i.device_free) +
+                      " free)";
+    }
+    return;
+  }
+  r.cause = "fragmentation";
+  r.explanation = "there was room under the limit (" + needs + " of " +
+                  format_bytes(i.limit) + "), but the " + format_bytes(r.free_in_gmem) +
+                  " free inside gmem is split across partly used pages and slabs (largest free "
+                  "range " + format_bytes(i.largest_free_range) + ")";
+}
+
+void advise(OomReport& r) {
+  auto& a = r.advice;
+  const OomInfo& i = r.info;
+  if (!r.leak_suspects.empty()) {
+    a.push_back("Memory kept alive grows every step at " + r.leak_suspects.front().site + " (+" +
+                format_bytes(static_cast<std::uint64_t>(r.leak_suspects.front().bytes_per_step)) +
+                " per step): drop the references kept across steps (e.g. append loss.item(), "
+                "not the loss tensor, whose graph stays alive).");
+  }
+  if (r.cause == "memory held outside gmem") {
+    a.push_back("Other users of the device hold " + format_bytes(r.held_outside) +
+                ": check nvidia-smi for other processes on this GPU.");
+    a.push_back("On a shared GPU, give each process its share with gmem.set_memory_limit() or "
+                "set_memory_fraction(), so that no process starves the others.");
+    a.push_back("NCCL reserves buffers per communicator: fewer process groups or a smaller "
+                "NCCL_BUFFSIZE give some back.");
+  }
+  if (r.cause == "fragmentation") {
+    a.push_back("Free memory is scattered over pages partly used by small, long-lived tensors: "
+                "create persistent buffers (parameters, optimizer state) before the training "
+                "loop, and free short-lived ones promptly.");
+    a.push_back("Leave some headroom: a slightly higher limit (set_memory_limit) absorbs the "
+                "partly used pages.");
+  }
+  a.push_back("Use a smaller batch (or shorter sequences): activations grow with it.");
+  a.push_back("For inference, run under torch.no_grad() or torch.inference_mode(), so that no "
+              "activations are kept for a backward pass.");
+  a.push_back("Use activation checkpointing (torch.utils.checkpoint) to recompute activations in "
+              "backward instead of keeping them.");
+  if (r.leak_suspects.empty())
+    a.push_back("Drop references you no longer need (outputs or losses kept in lists, caches); "
+                "del them before the next step.");
+  if (r.cause == "live memory" && i.limit > 0 && i.device_total > 0 && i.limit < i.device_total)
+    a.push_back("gmem's limit (" + format_bytes(i.limit) + ") is below the device's memory (" +
+                format_bytes(i.device_total) +
+                "): raise it with set_memory_limit() if this process may use more.");
+}
+
+}  // namespace
+
+OomReport build_oom_report(const OomInfo& info, const std::vector<LiveAllocation>& live,
+                           const std::vector<LeakFinding>& leaks, bool tracked) {
+  OomReport r;
+  r.info = info;
+  if (info.device_total > 0) r.held_outside = minus(info.device_total, info.device_free + info.reserved);
+  r.free_in_gmem = minus(info.reserved, info.allocated);
+  r.tracked = tracked;
+  r.leak_suspects = leaks;
+  if (r.leak_suspects.size() > kTop) r.leak_suspects.resize(kTop);
+  bool any_scope = false;
+  for (const LiveAllocation& a : live) any_scope = any_scope || a.scope != 0;
+  if (any_scope) r.by_scope = group_by(live, scope_key);
+  if (tracked) r.by_site = group_by(live, site_key);
+  std::vector<const LiveAllocation*> largest;
+  for (const LiveAllocation& a : live) largest.push_back(&a);
+  const std::size_t n = std::min(kTop, largest.size());
+  std::partial_sort(largest.begin(), largest.begin() + static_cast<std::ptrdiff_t>(n), largest.end(),
+                    [](const LiveAllocation* x, const LiveAllocation* y) {
+                      return x->size != y->size ? x->size > y->size : x->addr < y->addr;
+                    });
+  for (std::size_t k = 0; k < n; ++k) {
+    const LiveAllocation& a = *largest[k];
+    r.largest.push_back(OomAllocation{a.addr, a.size, a.step,
+                                      a.scope != 0 ? scopes::path(a.scope) : std::string(),
+                                      a.frames != 0 || a.scope != 0 ? site_of(a.scope, a.frames)
+                                                                    : std::string()});
+  }
+  diagnose(r);
+  advise(r);
+  return r;
+}
+
+OomReport build_oom_report(const OomInfo& info, const Tracker* tracker) {
+  if (tracker == nullptr) return build_oom_report(info, {}, {}, false);
+  return build_oom_report(info, tracker->state().live, tracker->leak_suspects(), true);
+}
+
+namespace {
+
+std::string hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%jx", static_cast<std::uintmax_t>(v));
+  return buf;
+}
+
+std::string padded_bytes(std::size_t bytes) {
+  std::string s = format_bytes(bytes);
+  return std::string(s.size() < 12 ? 12 - s.size() : 0, ' ') + s;
+}
+
+void groups_text(std::string& out, const char* title, const std::vector<UsageGroup>& groups) {
+  if (groups.empty()) return;
+  out += title;
+  for (const UsageGroup& g : groups)
+    out += "  " + padded_bytes(g.bytes) + "  " + std::to_string(g.count) +
+           (g.count == 1 ? " block   " : " blocks  ") + g.key + "\n";
+}
+
+}  // namespace
+
+std::string to_text(const OomReport& r) {
+  const OomInfo& i = r.info;
+  std::string out = "gmem: out of memory: tried to allocate " + format_bytes(i.requested) +
+                    " on stream " + hex(i.stream) + "\n";
+  out += "  cause: " + r.cause + ": " + r.explanation + "\n";
+  out += "  gmem: limit " + format_bytes(i.limit) + ", " + format_bytes(i.reserved) +
+         " reserved, " + format_bytes(i.allocated) + " allocated, " +
+         format_bytes(r.free_in_gmem) + " free inside gmem (largest free range " +
+         format_bytes(i.largest_free_range) + ", reclaimable " + format_bytes(i.reclaimable) +
+         ")\n";
+  if (i.device_total > 0)
+    out += "  device: " + format_bytes(i.device_total) + " total, " +
+           format_bytes(i.device_free) + " free, " + format_bytes(r.held_outside) +
+           " held outside gmem (CUDA context, NCCL, other processes)\n";
+  groups_text(out, "Live memory by scope:\n", r.by_scope);
+  groups_text(out, "Live memory by site:\n", r.by_site);
+  if (!r.largest.empty()) {
+    out += "Largest live allocations:\n";
+    for (const OomAllocation& a : r.largest) {
+      out += "  " + padded_bytes(a.size) + "  " + hex(a.addr) + "  step " + std::to_string(a.step);
+      if (!a.scope.empty()) out += "  " + a.scope;
+      if (!a.site.empty() && a.site != a.scope) out += "  " + a.site;
+      out += "\n";
+    }
+  }
+  if (!r.leak_suspects.empty()) {
+    out += "Leak suspects (memory kept alive grows step after step):\n";
+    for (const LeakFinding& f : r.leak_suspects)
+      out += "  " + f.site + ": +" + format_bytes(static_cast<std::uint64_t>(f.bytes_per_step)) +
+             " per step over " + std::to_string(f.periods) + " steps (" +
+             format_bytes(static_cast<std::uint64_t>(f.surviving_bytes)) + " kept)\n";
+  }
+  if (!r.tracked)
+    out += "(enable tracking, gmem.enable_tracking() or gmem_tracking_enable(), to see who holds "
+           "the memory)\n";
+  out += "What to do:\n";
+  for (const std::string& line : r.advice) out += "  - " + line + "\n";
+  return out;
+}
+
+std::string to_json(const OomReport& r) {
+  const OomInfo& i = r.info;
+  detail::JsonOut j;
+  j.begin_object();
+  j.key("request").begin_object();
+  j.field("size", i.requested).field("stream", i.stream).end_object();
+  j.field("limit", i.limit);
+  j.key("device").begin_object();
+  j.field("total", i.device_total).field("free", i.device_free);
+  j.field("held_outside_gmem", r.held_outside).end_object();
+  j.field("reserved", i.reserved).field("allocated", i.allocated);
+  j.field("free_in_gmem", r.free_in_gmem).field("largest_free_range", i.largest_free_range);
+  j.field("reclaimable", i.reclaimable).field("reason", i.reason);
+  j.field("cause", r.cause).field("explanation", r.explanation).field("tracked", r.tracked);
+  auto groups = [&](const char* name, const std::vector<UsageGroup>& list) {
+    j.key(name).begin_array();
+    for (const UsageGroup& g : list)
+      j.begin_object().field("key", g.key).field("bytes", g.bytes).field("count", g.count).end_object();
+    j.end_array();
+  };
+  groups("by_scope", r.by_scope);
+  groups("by_site", r.by_site);
+  j.key("largest").begin_array();
+  for (const OomAllocation& a : r.largest)
+    j.begin_object().field("addr", a.addr).field("size", a.size).field("step", a.step)
+        .field("scope", a.scope).field("site", a.site).end_object();
+  j.end_array();
+  j.key("leak_suspects").begin_array();
+  for (const LeakFinding& f : r.leak_suspects)
+    j.begin_object().field("site", f.site).field("bytes_per_step", f.bytes_per_step)
+        .field("surviving_bytes", f.surviving_bytes).field("steps", f.periods).end_object();
+  j.end_array();
+  j.key("advice").begin_array();
+  for (const std::string& line : r.advice) j.value(line);
+  j.end_array();
+  j.end_object();
+  return j.take();
+}
+
+}  // namespace gmem

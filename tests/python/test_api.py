@@ -1,0 +1,254 @@
+"""The gmem Python package over the simulated device: API shape, statistics, allocation, limits
+and errors."""
+
+import threading
+import unittest
+
+from support import GiB, MiB, round_up, run_python
+
+import gmem
+
+
+class GmemTestCase(unittest.TestCase):
+    """Frees what a test allocated and lifts any limit it set, so tests stay independent."""
+
+    def setUp(self):
+        self.live = []
+
+    def malloc(self, size, **kwargs):
+        ptr = gmem.malloc(size, **kwargs)
+        self.live.append(ptr)
+        return ptr
+
+    def free(self, ptr):
+        self.live.remove(ptr)
+        gmem.free(ptr)
+
+    def tearDown(self):
+        for ptr in self.live:
+            gmem.free(ptr)
+        gmem.set_memory_limit(0)
+        gmem.empty_cache()
+
+
+class StatsTest(GmemTestCase):
+    PYTORCH_METRICS = ("allocated_bytes", "requested_bytes", "active_bytes", "reserved_bytes",
+                       "inactive_split_bytes", "allocation", "active", "segment", "inactive_split")
+
+    def test_memory_stats_has_pytorchs_names(self):
+        stats = gmem.memory_stats()
+        for metric in self.PYTORCH_METRICS:
+            for pool in ("all", "large_pool", "small_pool"):
+                for kind in ("current", "peak", "allocated", "freed"):
+                    name = "%s.%s.%s" % (metric, pool, kind)
+                    self.assertIn(name, stats)
+                    self.assertIsInstance(stats[name], int)
+        for name in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                     "gmem.memory_limit", "gmem.granularity"):
+            self.assertIn(name, stats)
+        self.assertEqual(list(stats), sorted(stats), "sorted by name, like torch.cuda.memory_stats")
+
+    def test_one_stat_agrees_with_all(self):
+        ptr = self.malloc(3 * MiB)
+        stats = gmem.memory_stats()
+        self.assertEqual(gmem.memory_stat("allocated_bytes.all.current"),
+                         stats["allocated_bytes.all.current"])
+        self.assertEqual(gmem.memory_allocated(), stats["allocated_bytes.all.current"])
+        self.assertEqual(gmem.memory_reserved(), stats["reserved_bytes.all.current"])
+        self.assertEqual(gmem.max_memory_allocated(), stats["allocated_bytes.all.peak"])
+        self.assertEqual(gmem.max_memory_reserved(), stats["reserved_bytes.all.peak"])
+        self.free(ptr)
+
+    def test_unknown_stat_is_invalid_argument(self):
+        with self.assertRaises(gmem.InvalidArgumentError) as caught:
+            gmem.memory_stat("no_such.stat")
+        self.assertIn("no_such.stat", str(caught.exception))
+
+    def test_device_argument_forms(self):
+        self.assertEqual(gmem.memory_allocated(0), gmem.memory_allocated(None))
+        with self.assertRaises(TypeError):
+            gmem.memory_allocated("cuda:0")
+
+
+class AllocationTest(GmemTestCase):
+    def test_small_and_large_blocks_count_rounded_to_512(self):
+        base = gmem.memory_allocated()
+        sizes = [1, 511, 512, 1000, 4096 + 1, MiB - 3, MiB + 1, 10 * MiB + 7]
+        ptrs = [self.malloc(size) for size in sizes]
+        for ptr in ptrs:
+            self.assertEqual(ptr % 512, 0, "every block is 512-byte aligned")
+        self.assertEqual(len(set(ptrs)), len(ptrs))
+        self.assertEqual(gmem.memory_allocated() - base, sum(round_up(s) for s in sizes))
+        self.assertGreaterEqual(gmem.memory_reserved(), gmem.memory_allocated())
+        for ptr in ptrs:
+            self.free(ptr)
+        self.assertEqual(gmem.memory_allocated(), base)
+
+    def test_peak_and_reset(self):
+        base = gmem.memory_allocated()
+        ptr = self.malloc(64 * MiB)
+        self.free(ptr)
+        self.assertGreaterEqual(gmem.max_memory_allocated(), base + 64 * MiB)
+        gmem.reset_peak_memory_stats()
+        self.assertEqual(gmem.max_memory_allocated(), gmem.memory_allocated())
+        self.assertEqual(gmem.max_memory_reserved(), gmem.memory_reserved())
+
+    def test_accumulated_stats_count_and_reset(self):
+        gmem.reset_accumulated_memory_stats()
+        for _ in range(3):
+            self.free(self.malloc(2 * MiB))
+        stats = gmem.memory_stats()
+        self.assertEqual(stats["allocation.all.allocated"], 3)
+        self.assertEqual(stats["allocated_bytes.all.freed"], 6 * MiB)
+        gmem.reset_accumulated_memory_stats()
+        self.assertEqual(gmem.memory_stat("allocation.all.allocated"), 0)
+
+    def test_empty_cache_gives_free_memory_back(self):
+        ptr = self.malloc(256 * MiB)
+        self.free(ptr)
+        self.assertGreaterEqual(gmem.memory_reserved(), 256 * MiB, "freed memory stays cached")
+        gmem.empty_cache()
+        self.assertEqual(gmem.memory_allocated(), 0)
+        self.assertEqual(gmem.memory_reserved(), 0, "nothing live: every chunk goes back")
+
+    def test_threads_allocate_and_free_concurrently(self):
+        base = gmem.memory_allocated()
+        errors = []
+
+        def churn(seed):
+            try:
+                held = []
+                for i in range(300):
+                    held.append(gmem.malloc(512 * (1 + (seed * 31 + i * 17) % 4000)))
+                    if len(held) > 20:
+                        gmem.free(held.pop(0))
+                for ptr in held:
+                    gmem.free(ptr)
+            except Exception as e:  # reported below, on the test's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=churn, args=(seed,)) for seed in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(gmem.memory_allocated(), base)
+
+    def test_record_stream_accepts_a_live_block(self):
+        ptr = self.malloc(MiB)
+        gmem.record_stream(ptr, 0)
+        self.free(ptr)
+
+
+class LimitAndOomTest(GmemTestCase):
+    def test_oom_raises_with_the_numbers(self):
+        gmem.set_memory_limit(64 * MiB)
+        self.assertEqual(gmem.memory_limit(), 64 * MiB)
+        ooms = gmem.memory_stat("num_ooms")
+        with self.assertRaises(gmem.OutOfMemoryError) as caught:
+            gmem.malloc(128 * MiB)
+        error = caught.exception
+        self.assertIsInstance(error, gmem.GmemError)
+        self.assertIsInstance(error, MemoryError)
+        self.assertEqual(error.requested, 128 * MiB)
+        message = str(error)
+        self.assertIn("128.00 MiB", message, "the size asked for")
+        self.assertIn("64.00 MiB", message, "the limit in force")
+        self.assertEqual(gmem.memory_stat("num_ooms"), ooms + 1)
+        # The program goes on: what fits under the limit is still served.
+        ptr = self.malloc(32 * MiB)
+        self.assertEqual(gmem.memory_allocated(), 32 * MiB)
+        self.free(ptr)
+
+    def test_limit_counts_what_is_held(self):
+        gmem.set_memory_limit(64 * MiB)
+        first = self.malloc(40 * MiB)
+        with self.assertRaises(gmem.OutOfMemoryError):
+            gmem.malloc(40 * MiB)
+        self.free(first)
+        second = self.malloc(40 * MiB)  # fits once the first is freed
+        self.free(second)
+
+    def test_limit_as_fraction_of_the_device(self):
+        gmem.set_memory_limit(0)
+        total = gmem.memory_limit()  # no cap: the device's total
+        self.assertGreater(total, 0)
+        gmem.set_memory_limit(0.25)
+        self.assertLessEqual(abs(gmem.memory_limit() - total // 4), 2 * MiB)
+        gmem.set_memory_limit(1.0)
+        self.assertEqual(gmem.memory_limit(), total)
+
+    def test_bad_limits(self):
+        for bad in (-1, 0.0, 1.5, -0.5):
+            with self.assertRaises(gmem.InvalidArgumentError, msg=repr(bad)):
+                gmem.set_memory_limit(bad)
+        for bad in (True, "1GiB", None):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                gmem.set_memory_limit(bad)
+
+    def test_oom_under_the_device_capacity(self):
+        with self.assertRaises(gmem.OutOfMemoryError) as caught:
+            gmem.malloc(100 * GiB)  # more than the simulated 80 GiB device
+        self.assertIn("100.00 GiB", str(caught.exception))
+
+
+class ErrorTest(GmemTestCase):
+    def test_foreign_pointer(self):
+        ptr = 0x12345000  # far below every address range the engine reserves
+        with self.assertRaises(gmem.InvalidPointerError) as caught:
+            gmem.free(ptr)
+        self.assertIsInstance(caught.exception, ValueError)
+        self.assertIn(hex(ptr), str(caught.exception).lower())
+
+    def test_double_free(self):
+        ptr = gmem.malloc(4096)
+        gmem.free(ptr)
+        with self.assertRaises(gmem.DoubleFreeError) as caught:
+            gmem.free(ptr)
+        self.assertIn(hex(ptr), str(caught.exception).lower())
+
+    def test_zero_size_is_invalid(self):
+        with self.assertRaises(gmem.InvalidArgumentError):
+            gmem.malloc(0)
+
+    def test_bad_arguments_are_type_errors(self):
+        for bad in (-1, 1.5, "10", True):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                gmem.malloc(bad)
+        with self.assertRaises(TypeError):
+            gmem.malloc(512, stream=-1)
+
+    def test_free_none_is_a_no_op(self):
+        gmem.free(0)
+
+    def test_missing_library_is_named(self):
+        result = run_python(["-c", "import gmem; gmem.memory_allocated()"],
+                            GMEM_LIBRARY="/nonexistent/libgmem.so")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("GmemError", result.stderr)
+        self.assertIn("/nonexistent/libgmem.so", result.stderr)
+
+
+class SummaryTest(GmemTestCase):
+    def test_summary_shows_current_numbers(self):
+        ptr = self.malloc(3 * MiB)
+        text = gmem.memory_summary()
+        for row in ("Allocated memory", "GPU reserved memory", "from large pool", "Allocations"):
+            self.assertIn(row, text)
+        self.assertIn(gmem.format_bytes(gmem.memory_allocated()), text)
+        self.assertIn("reserved - allocated", text)
+        short = gmem.memory_summary(abbreviated=True)
+        self.assertNotIn("from large pool", short)
+        self.free(ptr)
+
+    def test_format_bytes(self):
+        self.assertEqual(gmem.format_bytes(0), "0 B")
+        self.assertEqual(gmem.format_bytes(1023), "1023 B")
+        self.assertEqual(gmem.format_bytes(1536), "1.50 KiB")
+        self.assertEqual(gmem.format_bytes(3 * GiB), "3.00 GiB")
+        self.assertEqual(gmem.format_bytes(MiB - 1), "1.00 MiB")
+
+
+if __name__ == "__main__":
+    unittest.main()

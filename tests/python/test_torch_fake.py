@@ -1,0 +1,309 @@
+"""gmem.torch without PyTorch: a stand-in `torch` module records what enable() does with the
+pluggable-allocator API (the calls and hooks torch 2.11 offers), and the statistics patched into
+torch.cuda are checked against gmem over the simulated device. The real thing runs on the GPU
+(test_torch_gpu.py)."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+import warnings
+from unittest import mock
+
+from support import MiB, run_python
+
+import gmem
+import gmem.torch
+from gmem import _lib, _shim
+
+
+class FakeNativeAllocator:
+    """torch._C._cuda_CUDAAllocator: records the hook addresses it is given."""
+
+    def __init__(self):
+        self.hooks = {}
+
+    def __getattr__(self, name):
+        if name.startswith("set_") and name.endswith("_fn"):
+            return lambda address: self.hooks.__setitem__(name, address)
+        raise AttributeError(name)
+
+
+class FakePluggableAllocator:
+    def __init__(self, path, alloc_fn_name, free_fn_name):
+        self.args = (path, alloc_fn_name, free_fn_name)
+        self.native = FakeNativeAllocator()
+
+    def allocator(self):
+        return self.native
+
+
+def fake_torch(torch_dir="/nonexistent/torch", initialized=False, swap_error=None):
+    """A `torch` with just what gmem.torch touches; native statistics answer "native"."""
+    torch = types.ModuleType("torch")
+    torch.__file__ = os.path.join(torch_dir, "__init__.py")
+    torch.__version__ = "0.0+fake"
+    torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+    cuda = types.ModuleType("torch.cuda")
+    memory = types.ModuleType("torch.cuda.memory")
+    memory.CUDAPluggableAllocator = FakePluggableAllocator
+    torch.swapped = []
+
+    def change_current_allocator(allocator):
+        if swap_error:
+            raise RuntimeError(swap_error)
+        torch.swapped.append(allocator)
+
+    memory.change_current_allocator = change_current_allocator
+    for name in gmem.torch.PATCHED:
+        for module in (cuda, memory):
+            setattr(module, name, lambda *args, **kwargs: "native")
+    cuda.memory_reserved = memory.memory_reserved = lambda device=None: 123
+    cuda.is_initialized = lambda: initialized
+    cuda.memory = memory
+    torch.cuda = cuda
+    return torch
+
+
+class TorchFakeTestCase(unittest.TestCase):
+    def install(self, torch):
+        modules = {"torch": torch}
+        if torch is not None:
+            modules.update({"torch.cuda": torch.cuda, "torch.cuda.memory": torch.cuda.memory})
+        patcher = mock.patch.dict(sys.modules, modules)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        return torch
+
+    def tearDown(self):
+        gmem.torch._reset_for_tests()
+        gmem.set_memory_limit(0)
+        gmem.empty_cache()
+
+
+class EnableTest(TorchFakeTestCase):
+    def test_swaps_in_gmem_and_wires_the_hooks(self):
+        torch = self.install(fake_torch())
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        self.assertTrue(gmem.torch.is_enabled())
+        self.assertEqual(len(torch.swapped), 1)
+        allocator = torch.swapped[0]
+        self.assertEqual(allocator.args, (gmem.library_path(), "gmem_torch_malloc", "gmem_torch_free"))
+        self.assertEqual(allocator.native.hooks, {
+            "set_reset_fn": _lib.address_of("gmem_torch_empty_cache"),
+            "set_memory_fraction_fn": _lib.address_of("gmem_torch_memory_fraction"),
+            "set_record_stream_fn": _lib.address_of("gmem_torch_record_stream"),
+        })
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        self.assertEqual(len(torch.swapped), 1, "enable() twice swaps once")
+
+    def test_statistics_are_answered_by_gmem(self):
+        torch = self.install(fake_torch())
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        ptr = gmem.malloc(5 * MiB + 3)
+        try:
+            for module in (torch.cuda, torch.cuda.memory):
+                self.assertEqual(module.memory_allocated(), gmem.memory_allocated())
+                self.assertEqual(module.memory_allocated(0), gmem.memory_allocated())
+                self.assertEqual(module.memory_reserved(), gmem.memory_reserved())
+                self.assertEqual(module.max_memory_allocated(), gmem.max_memory_allocated())
+                self.assertEqual(module.max_memory_reserved(), gmem.max_memory_reserved())
+                self.assertEqual(module.memory_stats(), gmem.memory_stats())
+                nested = module.memory_stats_as_nested_dict()
+                self.assertEqual(nested["allocated_bytes"]["all"]["current"], gmem.memory_allocated())
+                self.assertEqual(nested["gmem"]["memory_limit"], gmem.memory_limit())
+                self.assertIn("gmem CUDA memory summary", module.memory_summary())
+            self.assertGreaterEqual(torch.cuda.memory_allocated(), 5 * MiB + 512)
+        finally:
+            gmem.free(ptr)
+        torch.cuda.reset_peak_memory_stats()
+        self.assertEqual(torch.cuda.max_memory_allocated(), gmem.memory_allocated())
+        torch.cuda.empty_cache()
+        self.assertEqual(gmem.memory_reserved(), 0)
+
+    def test_patches_are_undone_for_tests(self):
+        torch = self.install(fake_torch())
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        gmem.torch._reset_for_tests()
+        self.assertEqual(torch.cuda.memory_allocated(), "native")
+        self.assertEqual(torch.cuda.memory.memory_stats(), "native")
+
+
+class RefusalTest(TorchFakeTestCase):
+    def test_too_late_once_cuda_is_initialised(self):
+        torch = self.install(fake_torch(initialized=True))
+        with self.assertRaises(gmem.GmemError) as caught:
+            gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        message = str(caught.exception)
+        self.assertTrue(message.startswith(
+            "gmem.torch.enable() must run before the first CUDA allocation"), message)
+        self.assertIn("123 B", message, "what PyTorch's allocator already holds")
+        self.assertIn("python -m gmem.run", message)
+        self.assertEqual(torch.swapped, [])
+        self.assertFalse(gmem.torch.is_enabled())
+        self.assertEqual(torch.cuda.memory_allocated(), "native")
+
+    def test_torch_refusing_the_swap(self):
+        self.install(fake_torch(swap_error="Can't swap an already initialized allocator"))
+        with self.assertRaises(gmem.GmemError) as caught:
+            gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        self.assertIn("must run before the first CUDA allocation", str(caught.exception))
+        self.assertIn("Can't swap an already initialized allocator", str(caught.exception))
+        self.assertFalse(gmem.torch.is_enabled())
+
+    def test_simulated_device_is_refused(self):
+        self.install(fake_torch())
+        with self.assertRaises(gmem.GmemError) as caught:
+            gmem.torch.enable(oom_shim=False)
+        self.assertIn("GMEM_DEVICE=sim", str(caught.exception))
+
+    def test_without_pytorch(self):
+        self.install(None)  # `import torch` raises ImportError
+        with self.assertRaises(gmem.GmemError) as caught:
+            gmem.torch.enable()
+        self.assertIn("needs PyTorch", str(caught.exception))
+
+
+class ShimTest(TorchFakeTestCase):
+    """The OOM shim, built against a stand-in of c10's exception header and library."""
+
+    STUB_HEADER = """#pragma once
+#include <cstdint>
+#include <exception>
+#include <string>
+namespace c10 {
+struct SourceLocation { const char* function; const char* file; std::uint32_t line; };
+class Error : public std::exception {
+ public:
+  Error(SourceLocation location, std::string msg);
+  const char* what() const noexcept override { return msg_.c_str(); }
+ private:
+  std::string msg_;
+};
+class OutOfMemoryError : public Error { using Error::Error; };
+}  // namespace c10
+#define C10_THROW_ERROR(err_type, msg) \\
+  throw ::c10::err_type({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg)
+"""
+    STUB_SOURCE = """#include <c10/util/Exception.h>
+c10::Error::Error(SourceLocation, std::string msg) : msg_(std::move(msg)) {}
+"""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cxx = shutil.which("c++") or shutil.which("g++")
+        if cls.cxx is None:
+            raise unittest.SkipTest("no C++ compiler")
+        cls.tmp = tempfile.mkdtemp(prefix="gmem-shim-test-")
+        cls.torch_dir = os.path.join(cls.tmp, "torch")
+        os.makedirs(os.path.join(cls.torch_dir, "include", "c10", "util"))
+        os.makedirs(os.path.join(cls.torch_dir, "lib"))
+        with open(os.path.join(cls.torch_dir, "include", "c10", "util", "Exception.h"), "w") as f:
+            f.write(cls.STUB_HEADER)
+        source = os.path.join(cls.tmp, "c10.cpp")
+        with open(source, "w") as f:
+            f.write(cls.STUB_SOURCE)
+        subprocess.check_call([cls.cxx, "-std=c++17", "-shared", "-fPIC", "-I",
+                               os.path.join(cls.torch_dir, "include"), source, "-o",
+                               os.path.join(cls.torch_dir, "lib", "libc10.so")])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        patcher = mock.patch.dict(os.environ, {"GMEM_CACHE_DIR": os.path.join(self.tmp, "cache")})
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        os.environ.pop("GMEM_TORCH_SHIM", None)
+
+    def test_enable_builds_the_shim_and_allocates_through_it(self):
+        torch = self.install(fake_torch(self.torch_dir))
+        gmem.torch.enable(_allow_simulated=True)
+        path, alloc_name, free_name = torch.swapped[0].args
+        self.assertEqual((alloc_name, free_name), ("gmem_torch_shim_malloc", "gmem_torch_shim_free"))
+        self.assertTrue(path.startswith(os.path.join(self.tmp, "cache")), path)
+        self.assertEqual(_shim.build(torch), path, "the second build comes from the cache")
+
+        shim = ctypes.CDLL(path)
+        alloc = shim.gmem_torch_shim_malloc
+        alloc.restype = ctypes.c_void_p
+        alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        release = shim.gmem_torch_shim_free
+        release.restype = None
+        release.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        base = gmem.memory_allocated()
+        ptr = alloc(3 * MiB, -1, None)
+        self.assertTrue(ptr)
+        self.assertEqual(gmem.memory_allocated() - base, 3 * MiB)
+        release(ptr, 3 * MiB, 0, None)
+        self.assertEqual(gmem.memory_allocated(), base)
+        self.assertIsNone(alloc(0, -1, None), "empty tensors get no memory")
+
+    def test_out_of_memory_is_thrown_as_c10_out_of_memory_error(self):
+        # ctypes cannot catch a C++ exception: the child dies in std::terminate, which names the
+        # exception's type and message.
+        torch = fake_torch(self.torch_dir)
+        path = _shim.build(torch)
+        code = ("import ctypes, resource, gmem\n"
+                "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file from the abort\n"
+                "from gmem import _shim\n"
+                "_shim.load(None)\n"
+                "gmem.set_memory_limit(64 << 20)\n"
+                "shim = ctypes.CDLL(%r)\n"
+                "alloc = shim.gmem_torch_shim_malloc\n"
+                "alloc.restype = ctypes.c_void_p\n"
+                "alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n"
+                "alloc(128 << 20, -1, None)\n" % path)
+        result = run_python(["-c", code], GMEM_TORCH_SHIM=path)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("c10::OutOfMemoryError", result.stderr)
+        self.assertIn("tried to allocate 128.00 MiB", result.stderr)
+
+    def test_missing_headers_fall_back_with_a_warning(self):
+        torch = self.install(fake_torch("/nonexistent/torch"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gmem.torch.enable(_allow_simulated=True)
+        self.assertTrue(any("without the torch shim" in str(w.message) for w in caught))
+        self.assertEqual(torch.swapped[0].args[1:], ("gmem_torch_malloc", "gmem_torch_free"))
+
+
+class RunTest(unittest.TestCase):
+    def test_runs_a_script_as_main_with_its_arguments(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "train.py")
+            with open(script, "w") as f:
+                f.write("import sys, os\n"
+                        "assert __name__ == '__main__'\n"
+                        "assert sys.path[0] == os.path.dirname(os.path.abspath(__file__))\n"
+                        "print('ARGS', sys.argv[1:])\n"
+                        "sys.exit(3)\n")
+            result = run_python(["-m", "gmem.run", script, "a", "--b"], GMEM="0")
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("ARGS ['a', '--b']", result.stdout)
+
+    def test_enables_gmem_first(self):
+        # Here torch is missing (or the device simulated): enable() fails before the script runs.
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "train.py")
+            with open(script, "w") as f:
+                f.write("print('SCRIPT RAN')\n")
+            result = run_python(["-m", "gmem.run", script])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("GmemError", result.stderr)
+        self.assertNotIn("SCRIPT RAN", result.stdout)
+
+    def test_usage_errors(self):
+        self.assertEqual(run_python(["-m", "gmem.run"]).returncode, 2)
+        result = run_python(["-m", "gmem.run", "/nonexistent/train.py"])
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("no such script", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

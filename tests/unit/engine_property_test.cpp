@@ -1,0 +1,101 @@
+// Hundreds of thousands of random mallocs and frees (1 B to 1 GiB, several streams, a device
+// small enough to run out), checking after every step what must always hold.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "gmem/engine.hpp"
+#include "gmem/sim_device.hpp"
+
+namespace gmem {
+namespace {
+
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+struct Live {
+  void* ptr;
+  std::size_t size;
+};
+
+int steps_from_env(int fallback) {
+  const char* env = std::getenv("GMEM_PROPERTY_STEPS");
+  return env ? std::atoi(env) : fallback;
+}
+
+void run_property(std::uint64_t seed, bool reuse_before_grow, int steps) {
+  SimDeviceOptions o;
+  o.capacity = 3 * GiB;
+  SimulatedDevice device(o);
+  Engine engine(device, EngineOptions{.reuse_before_grow = reuse_before_grow,
+                                      .address_space = 6 * GiB});
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> log_size(0.0, std::log(double(GiB)));
+  std::vector<Live> live;
+  std::map<std::uintptr_t, std::size_t> by_address;  // to check overlaps
+  std::int64_t allocated = 0, ooms = 0;
+
+  for (int step = 0; step < steps; ++step) {
+    const bool do_free = !live.empty() && (live.size() >= 48 || rng() % 2 == 0);
+    if (do_free) {
+      const std::size_t i = rng() % live.size();
+      engine.free(live[i].ptr);
+      by_address.erase(reinterpret_cast<std::uintptr_t>(live[i].ptr));
+      allocated -= static_cast<std::int64_t>((live[i].size + 511) / 512 * 512);
+      live[i] = live.back();
+      live.pop_back();
+    } else {
+      // Mostly small and medium sizes, with a tail up to 1 GiB (log-uniform).
+      const auto size = static_cast<std::size_t>(std::exp(log_size(rng))) + 1;
+      const StreamId stream = rng() % 3;
+      void* p = nullptr;
+      try {
+        p = engine.malloc(size, stream);
+      } catch (const OutOfMemoryError&) {
+        ++ooms;
+      }
+      if (p) {
+        const auto a = reinterpret_cast<std::uintptr_t>(p);
+        ASSERT_EQ(a % kAlignment, 0u) << "step " << step;
+        ASSERT_TRUE(device.is_accessible(a) && device.is_accessible(a + size - 1))
+            << "block not inside mapped memory at step " << step;
+        auto next = by_address.lower_bound(a);
+        ASSERT_TRUE(next == by_address.end() || next->first >= a + size) << "overlap at step " << step;
+        if (next != by_address.begin()) {
+          auto prev = std::prev(next);
+          ASSERT_LE(prev->first + prev->second, a) << "overlap at step " << step;
+        }
+        by_address.emplace(a, size);
+        live.push_back({p, size});
+        allocated += static_cast<std::int64_t>((size + 511) / 512 * 512);
+      }
+    }
+    ASSERT_NO_THROW(engine.check_invariants()) << "step " << step;  // includes a stats recount
+    if (step % 64 == 0) {
+      const MemoryStats s = engine.stats();
+      ASSERT_EQ(s.allocated_bytes[kAllPools].current, allocated);
+      ASSERT_GE(s.reserved_bytes[kAllPools].current, s.allocated_bytes[kAllPools].current);
+      ASSERT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(device.chunk_bytes()));
+      ASSERT_EQ(s.reserved_bytes[kAllPools].current - s.allocated_bytes[kAllPools].current,
+                s.free_mapped_bytes + s.free_unmapped_bytes + s.partial_page_bytes +
+                    s.small_slack_bytes);
+    }
+  }
+  EXPECT_GT(ooms, 0) << "the device never ran out: the pressure paths went untested";
+  for (const Live& l : live) engine.free(l.ptr);
+  engine.empty_cache();
+  EXPECT_EQ(device.chunk_bytes(), 0u);
+  engine.check_invariants();
+}
+
+TEST(EngineProperty, RandomOpsKeepEveryInvariant) { run_property(1, true, steps_from_env(150000)); }
+
+TEST(EngineProperty, RandomOpsKeepEveryInvariantWhenGrowingFirst) {
+  run_property(2, false, steps_from_env(50000));
+}
+
+}  // namespace
+}  // namespace gmem

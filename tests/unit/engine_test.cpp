@@ -1,0 +1,299 @@
+// The engine's behaviour, one rule per test, on the simulated device.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "gmem/engine.hpp"
+#include "gmem/sim_device.hpp"
+
+namespace gmem {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+SimDeviceOptions device_of(std::size_t capacity, bool immediate = true) {
+  SimDeviceOptions o;
+  o.capacity = capacity;
+  o.streams_complete_immediately = immediate;
+  return o;
+}
+
+std::uint64_t mapping_calls(const SimulatedDevice& d) {
+  return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) +
+         d.calls(DeviceCall::unmap) + d.calls(DeviceCall::release_chunk) +
+         d.calls(DeviceCall::set_access);
+}
+
+TEST(Engine, RejectsZeroAndAbsurdSizes) {
+  SimulatedDevice device;
+  Engine engine(device);
+  try {
+    engine.malloc(0);
+    FAIL() << "malloc(0) succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("malloc(0)"), std::string::npos);
+  }
+  try {
+    engine.malloc(static_cast<std::size_t>(-512));
+    FAIL() << "absurd malloc succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_argument);
+  }
+  engine.check_invariants();
+}
+
+TEST(Engine, BlocksAreAlignedMappedAndCountedInTheirPool) {
+  SimulatedDevice device;
+  Engine engine(device);
+  void* small = engine.malloc(100);
+  void* large = engine.malloc(3 * MiB + 1);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small) % kAlignment, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large) % kAlignment, 0u);
+  const auto last = reinterpret_cast<std::uintptr_t>(large) + 3 * MiB;
+  EXPECT_TRUE(device.is_accessible(reinterpret_cast<std::uintptr_t>(small)));
+  EXPECT_TRUE(device.is_accessible(last));
+  const MemoryStats s = engine.stats();
+  EXPECT_EQ(s.allocated_bytes[kSmallPool].current, 512);
+  EXPECT_EQ(s.requested_bytes[kSmallPool].current, 100);
+  EXPECT_EQ(s.allocated_bytes[kLargePool].current, static_cast<std::int64_t>(3 * MiB + 512));
+  EXPECT_EQ(s.allocation[kAllPools].current, 2);
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(device.chunk_bytes()));
+  EXPECT_GE(s.reserved_bytes[kAllPools].current, s.allocated_bytes[kAllPools].current);
+  EXPECT_EQ(engine.block_info(large).requested, 3 * MiB + 1);
+  engine.free(small);
+  engine.free(large);
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
+  engine.check_invariants();
+}
+
+TEST(Engine, ForeignPointerAndDoubleFreeAreErrorsThatChangeNothing) {
+  SimulatedDevice device;
+  Engine engine(device);
+  void* p = engine.malloc(4 * MiB);
+  void* q = engine.malloc(4 * MiB);
+  engine.free(p);
+  const MemoryStats before = engine.stats();
+  try {
+    engine.free(p);
+    FAIL() << "double free accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::double_free);
+  }
+  int local = 0;
+  try {
+    engine.free(&local);
+    FAIL() << "foreign pointer accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::invalid_pointer);
+    EXPECT_NE(std::string(e.what()).find("foreign"), std::string::npos);
+  }
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current,
+            before.allocated_bytes[kAllPools].current);
+  engine.check_invariants();
+  engine.free(q);
+}
+
+TEST(Engine, FreedBlockIsReusedAtOnceOnItsStream) {
+  SimulatedDevice device;
+  Engine engine(device);
+  for (std::size_t size : {std::size_t{4096}, std::size_t{200 * 1024}, 8 * MiB}) {
+    void* p = engine.malloc(size, 7);
+    engine.free(p);
+    EXPECT_EQ(engine.malloc(size, 7), p) << size;
+    engine.free(p);
+  }
+}
+
+TEST(Engine, SteadyTrainingLoopMakesNoDeviceCallsAfterTheFirstStep) {
+  SimulatedDevice device;
+  Engine engine(device);
+  const std::vector<std::size_t> step = {64 * MiB, 512, 3 * MiB + 7, 100 * 1024, 33 * MiB, 4096,
+                                         1 * MiB,  9 * MiB, 700 * 1024};
+  std::uint64_t after_first = 0;
+  for (int s = 0; s < 5; ++s) {
+    std::vector<void*> live;
+    for (std::size_t size : step) live.push_back(engine.malloc(size));
+    for (std::size_t i = 0; i < live.size(); i += 2) engine.free(live[i]);  // out of order
+    for (std::size_t i = 1; i < live.size(); i += 2) engine.free(live[i]);
+    if (s == 0) after_first = mapping_calls(device);
+  }
+  EXPECT_GT(after_first, 0u);
+  EXPECT_EQ(mapping_calls(device), after_first);
+  engine.check_invariants();
+}
+
+TEST(Engine, StitchesScatteredFreePagesIntoOneLargeBlock) {
+  SimulatedDevice device(device_of(64 * MiB));
+  Engine engine(device);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 32; ++i) blocks.push_back(engine.malloc(2 * MiB));
+  EXPECT_THROW(engine.malloc(2 * MiB), OutOfMemoryError);
+  for (int i = 0; i < 32; i += 2) engine.free(blocks[i]);  // 16 holes of one page each
+  // No contiguous 32 MiB range is free, yet the chunks are: gmem remaps them.
+  void* big = engine.malloc(32 * MiB);
+  const MemoryStats s = engine.stats();
+  EXPECT_GT(s.num_stitches, 0);
+  EXPECT_LE(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(64 * MiB));
+  EXPECT_TRUE(device.is_accessible(reinterpret_cast<std::uintptr_t>(big) + 32 * MiB - 1));
+  engine.check_invariants();
+}
+
+TEST(Engine, OutOfMemoryCarriesTheNumbersAndLeavesEverythingIntact) {
+  SimulatedDevice device(device_of(1 * GiB));
+  Engine engine(device, EngineOptions{.memory_limit = 256 * MiB});
+  void* a = engine.malloc(200 * MiB);
+  try {
+    engine.malloc(100 * MiB);
+    FAIL() << "malloc over the limit succeeded";
+  } catch (const OutOfMemoryError& e) {
+    const OomInfo& info = e.info();
+    EXPECT_EQ(info.requested, 100 * MiB);
+    EXPECT_EQ(info.limit, 256 * MiB);
+    EXPECT_EQ(info.device_total, 1 * GiB);
+    EXPECT_EQ(info.allocated, 200 * MiB);
+    EXPECT_GE(info.reserved, 200 * MiB);
+    EXPECT_EQ(info.reason, "limit");
+    EXPECT_NE(std::string(e.what()).find("100.00 MiB"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(engine.stats().num_ooms, 1);
+  engine.check_invariants();
+  engine.free(a);
+  void* b = engine.malloc(250 * MiB);  // recovers after frees
+  engine.free(b);
+  engine.check_invariants();
+}
+
+TEST(Engine, DeviceOutOfMemoryIsReportedAsSuch) {
+  SimDeviceOptions o = device_of(128 * MiB);
+  o.used_by_others = 64 * MiB;
+  SimulatedDevice device(o);
+  Engine engine(device);
+  EXPECT_NO_THROW(engine.free(engine.malloc(60 * MiB)));
+  try {
+    engine.malloc(80 * MiB);
+    FAIL();
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.info().reason, "device");
+    EXPECT_EQ(e.info().device_total, 128 * MiB);
+  }
+  engine.check_invariants();
+}
+
+TEST(Engine, EmptyCacheGivesEveryFreeChunkBack) {
+  SimulatedDevice device;
+  Engine engine(device);
+  std::vector<void*> blocks;
+  for (std::size_t size : {4096, 70000, 5000000, 300000000}) blocks.push_back(engine.malloc(size));
+  void* kept = engine.malloc(10 * MiB);
+  for (void* p : blocks) engine.free(p);
+  engine.empty_cache();
+  const MemoryStats s = engine.stats();
+  EXPECT_EQ(s.free_mapped_bytes, 0);
+  EXPECT_EQ(s.free_unmapped_bytes, 0);
+  EXPECT_EQ(device.chunk_bytes(), static_cast<std::size_t>(s.reserved_bytes[kAllPools].current));
+  EXPECT_LE(device.chunk_bytes(), 12 * MiB);
+  EXPECT_GT(s.num_device_free, 0);
+  engine.free(kept);
+  engine.empty_cache();
+  EXPECT_EQ(device.chunk_bytes(), 0u);
+  engine.check_invariants();
+}
+
+TEST(Engine, LimitsTrimCachedMemoryAndRejectBadFractions) {
+  SimulatedDevice device(device_of(1 * GiB));
+  Engine engine(device);
+  engine.free(engine.malloc(512 * MiB));
+  EXPECT_EQ(device.chunk_bytes(), 512 * MiB);
+  engine.set_memory_fraction(0.25);
+  EXPECT_EQ(engine.memory_limit(), 256 * MiB);
+  EXPECT_LE(device.chunk_bytes(), 256 * MiB);
+  EXPECT_THROW(engine.set_memory_fraction(0.0), Error);
+  EXPECT_THROW(engine.set_memory_fraction(1.5), Error);
+  engine.set_memory_limit(0);
+  EXPECT_EQ(engine.memory_limit(), 1 * GiB);
+  engine.check_invariants();
+}
+
+TEST(Engine, ResetPeakStats) {
+  SimulatedDevice device;
+  Engine engine(device);
+  engine.free(engine.malloc(64 * MiB));
+  void* p = engine.malloc(2 * MiB);
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].peak, static_cast<std::int64_t>(64 * MiB));
+  engine.reset_peak_stats();
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].peak, static_cast<std::int64_t>(2 * MiB));
+  engine.free(p);
+}
+
+TEST(Engine, OtherStreamReusesMemoryOnlyAfterTheFreeingStreamCaughtUp) {
+  SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
+  Engine engine(device);
+  constexpr StreamId a = 1, b = 2;
+  void* p = engine.malloc(48 * MiB, a);
+  device.submit_work(a);  // a kernel still running on stream a uses p
+  engine.free(p);
+  // Stream b cannot have p's memory yet; growing is allowed, so it gets fresh memory.
+  void* q = engine.malloc(8 * MiB, b);
+  EXPECT_EQ(engine.stats().num_sync_all_streams, 0);
+  // Now memory is short: b must wait for stream a before stitching a's pages.
+  void* r = engine.malloc(48 * MiB, b);
+  EXPECT_GT(engine.stats().num_sync_all_streams, 0);
+  EXPECT_GT(engine.stats().num_stitches, 0);
+  engine.free(q);
+  engine.free(r);
+  engine.check_invariants();
+}
+
+TEST(Engine, RecordStreamHoldsTheBlockUntilThatStreamCaughtUp) {
+  SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
+  Engine engine(device);
+  constexpr StreamId compute = 0, side = 5;
+  void* p = engine.malloc(8 * MiB, compute);
+  engine.record_stream(p, side);
+  device.submit_work(side);
+  engine.free(p);
+  MemoryStats s = engine.stats();
+  EXPECT_EQ(s.allocated_bytes[kAllPools].current, 0);
+  EXPECT_EQ(s.active_bytes[kAllPools].current, static_cast<std::int64_t>(8 * MiB));
+  void* q = engine.malloc(8 * MiB, compute);
+  EXPECT_NE(q, p);  // still in use on the side stream
+  engine.check_invariants();
+  device.complete_stream(side);
+  engine.free(q);
+  void* r = engine.malloc(8 * MiB, compute);  // the pending free is processed first
+  EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(8 * MiB));
+  engine.free(r);
+  engine.check_invariants();
+}
+
+TEST(Engine, StatsFlattenUnderPyTorchNames) {
+  SimulatedDevice device;
+  Engine engine(device);
+  void* p = engine.malloc(1000);
+  bool found = false;
+  for (const auto& [name, value] : engine.stats().flatten()) {
+    if (name == "allocated_bytes.all.current") {
+      found = true;
+      EXPECT_EQ(value, 1024);
+    }
+  }
+  EXPECT_TRUE(found);
+  engine.free(p);
+}
+
+TEST(Engine, ReleasesEverythingOnDestruction) {
+  SimulatedDevice device;
+  {
+    Engine engine(device);
+    engine.malloc(5 * MiB);  // leaked on purpose
+    engine.malloc(100);
+  }
+  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.mapped_bytes(), 0u);
+  EXPECT_EQ(device.reserved_address_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace gmem
