@@ -18,15 +18,19 @@ using namespace gmem;
 
 constexpr int kLiveBlocks = 1000;
 
-void pair_loop(benchmark::State& state, MemoryResource& resource) {
+void pair_loop(benchmark::State& state, MemoryResource& resource, const Engine& engine) {
   const auto size = static_cast<std::size_t>(state.range(0));
   resource.deallocate(resource.allocate(size, 0));  // warm: mappings cached
+  const std::int64_t maps = engine.stats().num_maps;
   for (auto _ : state) {
     void* p = resource.allocate(size, 0);
     benchmark::DoNotOptimize(p);
     resource.deallocate(p);
   }
   state.SetItemsProcessed(state.iterations());
+  // Should be 0: a steady loop makes no device calls (nor listener calls).
+  state.counters["maps_per_pair"] = static_cast<double>(engine.stats().num_maps - maps) /
+                                    static_cast<double>(state.iterations());
 }
 
 void BM_EnginePair(benchmark::State& state) {
@@ -35,7 +39,7 @@ void BM_EnginePair(benchmark::State& state) {
   std::vector<void*> live;
   for (int i = 0; i < kLiveBlocks; ++i)
     live.push_back(engine.malloc(static_cast<std::size_t>(512 + (i % 64) * 4096), 0));
-  pair_loop(state, engine);
+  pair_loop(state, engine, engine);
   for (void* p : live) engine.free(p);
 }
 
@@ -50,10 +54,10 @@ void tracked(benchmark::State& state, TrackerOptions options, bool in_scope) {
   if (in_scope) {
     Scope scope("model.transformer.h.3.mlp");
     frames::set_current("train.py:42:forward");
-    pair_loop(state, resource);
+    pair_loop(state, resource, engine);
     frames::set_current("");
   } else {
-    pair_loop(state, resource);
+    pair_loop(state, resource, engine);
   }
   for (void* p : live) resource.deallocate(p);
 }

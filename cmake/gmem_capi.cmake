@@ -2,6 +2,7 @@
 # torch's CUDAPluggableAllocator. It carries the engine inside and exports only gmem_* symbols.
 add_library(gmem_shared SHARED
   ${PROJECT_SOURCE_DIR}/src/capi/gmem_c.cpp
+  ${PROJECT_SOURCE_DIR}/src/capi/observe_c.cpp
   ${PROJECT_SOURCE_DIR}/src/capi/registry.cpp)
 set_target_properties(gmem_shared PROPERTIES
   OUTPUT_NAME gmem
@@ -12,6 +13,7 @@ target_include_directories(gmem_shared
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(gmem_shared PRIVATE ${GMEM_WARNINGS})
 target_link_libraries(gmem_shared PRIVATE gmem_core gmem_analysis)  # analysis: memory_summary
+target_link_libraries(gmem_shared PRIVATE gmem_tracking)  # gmem_observe.h: tracker, snapshots, OOM reports
 # --as-needed: the summary pulls no trace reader, so libz (gmem_analysis's) is not needed.
 target_link_options(gmem_shared PRIVATE -Wl,--as-needed
                     -Wl,--version-script=${PROJECT_SOURCE_DIR}/src/capi/gmem.map)

@@ -132,14 +132,15 @@ def table(results):
 
     if results["train"]:
         out.append("")
-        out.append("train            allocator   median ms  peak alloc GiB  peak resv GiB  resv/alloc")
+        out.append("train            allocator   median ms  peak alloc GiB  peak resv GiB  resv/alloc"
+                   "  maps after warmup")
         for r in results["train"]:
             if "error" in r:
                 out.append("%-16s %-11s FAILED: %s" % (r["model"], r["allocator"], r["error"][-60:]))
                 continue
-            out.append("%-16s %-11s %9.1f %15.2f %14.2f %11.3f" % (
+            out.append("%-16s %-11s %9.1f %15.2f %14.2f %11.3f %18s" % (
                 r["model"], r["allocator"], r["median_ms"], r["peak_allocated"] / GiB,
-                r["peak_reserved"] / GiB, r["reserved_ratio"]))
+                r["peak_reserved"] / GiB, r["reserved_ratio"], r.get("maps_after_warmup", "")))
     return "\n".join(out)
 
 

@@ -21,7 +21,7 @@ import time
 from common import HERE, PYTHON_DIR, emit
 
 MODELS = ("gpt2", "resnet50")
-ALLOCATORS = ("native", "expandable", "gmem")
+ALLOCATORS = ("native", "expandable", "gmem", "gmem_cached")
 
 
 def gpt2_step(torch):
@@ -61,7 +61,8 @@ def resnet50_step(torch):
 
 
 def run_one(model, allocator, steps, warmup):
-    if allocator == "gmem":
+    uses_gmem = allocator.startswith("gmem")
+    if uses_gmem:
         sys.path.insert(0, PYTHON_DIR)
         import gmem.torch
 
@@ -72,7 +73,12 @@ def run_one(model, allocator, steps, warmup):
     start = time.time()
     step = {"gpt2": gpt2_step, "resnet50": resnet50_step}[model](torch)
     times, loss = [], None
-    for _ in range(warmup + steps):
+    maps_after_warmup = None
+    for i in range(warmup + steps):
+        if uses_gmem and i == warmup:
+            import gmem
+
+            maps_after_warmup = gmem.memory_stats().get("gmem.num_maps", 0)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = step()
@@ -87,12 +93,13 @@ def run_one(model, allocator, steps, warmup):
                   loss=round(float(loss.item()), 4), s=round(time.time() - start, 1),
                   torch=torch.__version__)
     record["reserved_ratio"] = round(record["peak_reserved"] / record["peak_allocated"], 4)
-    if allocator == "gmem":
+    if uses_gmem:
         import gmem
 
         stats = gmem.memory_stats()
         record.update(maps=stats.get("gmem.num_maps"), stitches=stats.get("gmem.num_stitches"),
-                      device_allocs=stats.get("num_device_alloc"))
+                      device_allocs=stats.get("num_device_alloc"),
+                      maps_after_warmup=stats.get("gmem.num_maps", 0) - maps_after_warmup)
     return record
 
 
@@ -106,6 +113,8 @@ def run_all(args):
             env.pop("GMEM_DEVICE", None)
             if allocator == "expandable":
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            if allocator == "gmem_cached":  # more cache: no stitching in the steady state
+                env["GMEM_CACHE_SLACK"] = "0.125"
             cmd = [sys.executable, os.path.join(HERE, "train_bench.py"), "--model", model,
                    "--allocator", allocator, "--steps", str(args.steps), "--warmup",
                    str(args.warmup)]

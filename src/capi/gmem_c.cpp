@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "capi/observe.hpp"
 #include "capi/registry.hpp"
 #include "gmem/error.hpp"
 #include "gmem/summary.hpp"
@@ -100,6 +101,16 @@ void warn_on_failure(gmem_status_t status) {
 
 }  // namespace
 
+// Shared with observe_c.cpp (declared in capi/observe.hpp).
+namespace gmem::capi {
+gmem_status_t run_guarded(const char* function, const std::function<void()>& body) noexcept {
+  return guarded(function, body);
+}
+void copy_text_out(const std::string& text, char* buf, std::size_t size, std::size_t* needed) {
+  copy_text(text, buf, size, needed);
+}
+}  // namespace gmem::capi
+
 extern "C" {
 
 const char* gmem_last_error(void) { return t_last_error.c_str(); }
@@ -108,13 +119,13 @@ gmem_status_t gmem_malloc(void** ptr, size_t size, int device, uintptr_t stream)
   return guarded("gmem_malloc", [&] {
     if (ptr == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "ptr is NULL");
     *ptr = nullptr;
-    *ptr = gmem::capi::context(device).engine->malloc(size, stream);
+    *ptr = gmem::capi::observed_malloc(gmem::capi::context(device), size, stream);
   });
 }
 
 gmem_status_t gmem_free(void* ptr) {
   if (ptr == nullptr) return GMEM_OK;  // like free(NULL)
-  return guarded("gmem_free", [&] { owner_of(ptr).engine->free(ptr); });
+  return guarded("gmem_free", [&] { gmem::capi::observed_free(owner_of(ptr), ptr); });
 }
 
 gmem_status_t gmem_record_stream(void* ptr, uintptr_t stream) {
@@ -171,8 +182,9 @@ gmem_status_t gmem_memory_summary(int device, char* buf, size_t size, size_t* ne
     DeviceContext& context = gmem::capi::context(device);
     gmem::SummaryOptions options;
     options.device = std::to_string(context.index);
-    // H6 hook: pass the largest live sites from context.tracker once the C API has one.
-    copy_text(gmem::format_summary(context.engine->stats(), {}, options), buf, size, needed);
+    copy_text(gmem::format_summary(context.engine->stats(), gmem::capi::tracked_top(context),
+                                   options),
+              buf, size, needed);
   });
 }
 

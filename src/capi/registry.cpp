@@ -132,6 +132,7 @@ class Registry {
     context->index = device;
     Opened opened = open_device(device);
     context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
+    apply_environment(opened.options);
     context->engine = std::make_unique<Engine>(*context->device, opened.options);
     DeviceContext* created = context.release();  // kept for the life of the process
     in_order_.push_back(created);
@@ -179,6 +180,18 @@ class Registry {
     std::unique_ptr<Device> device;
     EngineOptions options;
   };
+
+  // GMEM_CACHE_SLACK: EngineOptions::cache_slack (e.g. 0.125 for loops that restitch every step).
+  static void apply_environment(EngineOptions& options) {
+    if (const char* slack = std::getenv("GMEM_CACHE_SLACK")) {
+      char* end = nullptr;
+      const double value = std::strtod(slack, &end);
+      if (end == slack || *end != '\0' || !(value >= 0.0 && value <= 16.0))
+        throw Error(Errc::invalid_argument, std::string("GMEM_CACHE_SLACK=") + slack +
+                                                ": expected a fraction such as 0.125");
+      options.cache_slack = value;
+    }
+  }
 
   Opened open_device(int device) const {
     if (backend_ == Backend::sim) {

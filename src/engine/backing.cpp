@@ -55,7 +55,7 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
   const NodeId node = ranges.take(place.node, bytes, place.offset);
   bool backed = false;
   try {
-    backed = back_pages(place.arena, ranges.node(node).addr, bytes, si);
+    backed = back_pages(place.arena, ranges.node(node).addr, bytes);
   } catch (...) {
     ranges.release(node);
     throw;
@@ -135,8 +135,7 @@ void Engine::Impl::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t 
   }
 }
 
-bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes,
-                              std::uint32_t si) {
+bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   std::vector<Page>& pages = pages_.arena(arena);
   const DevicePtr base = arenas_[arena]->ranges.base();
   const std::size_t first = (addr - base) >> page_shift_, last = (addr + bytes - 1 - base) >> page_shift_;
@@ -173,7 +172,7 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
   };
   try {
     while (chunks.size() < need.size()) {
-      const ChunkHandle c = acquire_chunk(si, stage);
+      const ChunkHandle c = acquire_chunk(stage);
       if (!c) {
         rollback();
         return false;
@@ -204,7 +203,7 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
   return true;
 }
 
-ChunkHandle Engine::Impl::acquire_chunk(std::uint32_t si, int& stage) {
+ChunkHandle Engine::Impl::acquire_chunk(int& stage) {
   if (!spare_chunks_.empty()) {
     const ChunkHandle c = spare_chunks_.back();
     spare_chunks_.pop_back();
@@ -216,7 +215,7 @@ ChunkHandle Engine::Impl::acquire_chunk(std::uint32_t si, int& stage) {
   const std::size_t next = (chunks_held_ + 1) * granularity_;
   const bool within_budget = !options_.reuse_before_grow || next <= growth_budget();
   if (!within_budget) {
-    if (const ChunkHandle c = steal_cached_page(si, false)) {
+    if (const ChunkHandle c = steal_cached_page(false)) {
       stage = std::max(stage, int{kStitched});
       return c;
     }
@@ -225,12 +224,12 @@ ChunkHandle Engine::Impl::acquire_chunk(std::uint32_t si, int& stage) {
   // Pressure: stitch from cached pages, waiting for other streams, then from released slabs
   // and frees pending on other streams.
   stage = std::max(stage, int{kStitched});
-  if (const ChunkHandle c = steal_cached_page(si, false)) return c;
+  if (const ChunkHandle c = steal_cached_page(false)) return c;
   stage = kRetried;
-  if (const ChunkHandle c = steal_cached_page(si, true)) return c;
+  if (const ChunkHandle c = steal_cached_page(true)) return c;
   release_spare_slabs();
   if (!pending_.empty()) process_pending(true);
-  return steal_cached_page(si, true);
+  return steal_cached_page(true);
 }
 
 std::size_t Engine::Impl::growth_budget() const {
@@ -260,12 +259,14 @@ ChunkHandle Engine::Impl::create_chunk() {
   }
 }
 
-ChunkHandle Engine::Impl::steal_cached_page(std::uint32_t si, bool wait) {
+ChunkHandle Engine::Impl::steal_cached_page(bool wait) {
   std::vector<bool> polled(streams_.size(), false);
   for (PageId id = pages_.newest_cached(); id != kNoPage; id = pages_.prev_cached(id)) {
     const Page& p = pages_.at(id);
-    if (p.stream != si && !streams_.done(p.stream, p.free_seq)) {
-      // Freed on another stream: its chunk may move only once that stream has caught up.
+    if (!streams_.done(p.stream, p.free_seq)) {
+      // Unmapping takes effect at once, not in stream order: kernels queued before the free
+      // may still be using the page, even on the requesting stream. Its chunk may move only
+      // once the freeing stream has caught up.
       if (polled[p.stream]) continue;
       polled[p.stream] = true;
       if (wait) ++stats_.num_sync_all_streams;
@@ -316,7 +317,7 @@ void Engine::Impl::trim_to(std::size_t bytes, bool wait) {
     spare_chunks_.pop_back();
   }
   while (chunks_held_ * granularity_ > bytes) {
-    const ChunkHandle c = steal_cached_page(~0u, wait);  // ~0u: no stream's own pages
+    const ChunkHandle c = steal_cached_page(wait);
     if (!c) break;
     try {
       release_chunk(c);

@@ -81,7 +81,8 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
                                             "): larger than any device (a negative size cast?)");
   std::lock_guard lock(mutex_);
   if (!pending_.empty()) process_pending(false);
-  const std::uint32_t si = stream_index(stream);
+  const std::uint32_t si =
+      stream == last_stream_ && !stream_index_.empty() ? last_stream_index_ : stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   allocating_ = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current) + rounded;
   return rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, stream)
@@ -162,37 +163,44 @@ void Engine::Impl::move_reserved_to_small(std::int64_t bytes) {
 void Engine::Impl::free(void* p) {
   const auto ptr = reinterpret_cast<DevicePtr>(p);
   std::lock_guard lock(mutex_);
-  Record* found = live_.find(ptr);
-  if (found == nullptr) throw_bad_free(ptr);
-  detail::PendingFree pending{ptr, *found, {}};
-  if (found->shared) {
-    // Used on other streams too: reuse only once they have caught up with this free. Events
-    // first, so that a failing driver leaves the block live and the free can be retried.
-    auto it = shared_streams_.find(ptr);
+  Record record;
+  if (!live_.take(ptr, record)) throw_bad_free(ptr);
+  if (record.shared) {
     try {
-      for (StreamId s : it->second) {
-        pending.events.push_back(device_.create_event());
-        device_.record_event(pending.events.back(), s);
-      }
+      free_shared(ptr, record);
     } catch (...) {
-      for (EventHandle e : pending.events) {
-        try { device_.destroy_event(e); } catch (...) {}
-      }
+      live_.insert(ptr, record);  // the driver failed: the block stays live, the free can be retried
       throw;
     }
-    shared_streams_.erase(it);
   }
-  const Record record = live_.erase(ptr);
-  const int pool = record.small ? kSmallPool : kLargePool;
   const auto r = static_cast<std::int64_t>(record.size);
   const auto q = static_cast<std::int64_t>(record.requested);
+  const int pool = record.small ? kSmallPool : kLargePool;
   for (int i : {static_cast<int>(kAllPools), pool}) {
     stats_.allocated_bytes[i].decrease(r);
     stats_.requested_bytes[i].decrease(q);
     stats_.allocation[i].decrease(1);
   }
-  if (record.shared) pending_.push_back(std::move(pending));
-  else release_record(ptr, record);
+  if (!record.shared) release_record(ptr, record);
+}
+
+void Engine::Impl::free_shared(DevicePtr ptr, const Record& record) {
+  // Used on other streams too: reuse only once they have caught up with this free.
+  auto it = shared_streams_.find(ptr);
+  detail::PendingFree pending{ptr, record, {}};
+  try {
+    for (StreamId s : it->second) {
+      pending.events.push_back(device_.create_event());
+      device_.record_event(pending.events.back(), s);
+    }
+  } catch (...) {
+    for (EventHandle e : pending.events) {
+      try { device_.destroy_event(e); } catch (...) {}
+    }
+    throw;
+  }
+  shared_streams_.erase(it);
+  pending_.push_back(std::move(pending));
 }
 
 void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {

@@ -103,6 +103,7 @@ class Engine::Impl {
   void count_malloc(const detail::Record& record);
   void move_reserved_to_small(std::int64_t bytes);  // negative: back to the large pool
   void release_record(DevicePtr ptr, const detail::Record& record);
+  void free_shared(DevicePtr ptr, const detail::Record& record);
   void process_pending(bool wait);
   [[noreturn]] void throw_bad_free(DevicePtr ptr) const;
 
@@ -121,12 +122,12 @@ class Engine::Impl {
   Placement cheapest_fit(std::uint32_t si, std::size_t bytes) const;
   std::size_t unmapped_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) const;
   std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes);
-  bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint32_t si);
+  bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
-  ChunkHandle acquire_chunk(std::uint32_t si, int& stage);
+  ChunkHandle acquire_chunk(int& stage);
   ChunkHandle create_chunk();  // 0 when the limit or the device says no
   std::size_t growth_budget() const;
-  ChunkHandle steal_cached_page(std::uint32_t si, bool wait);
+  ChunkHandle steal_cached_page(bool wait);
   void unmap_page(detail::PageId id);
   void release_spare_slabs();
   void trim_to(std::size_t bytes, bool wait);

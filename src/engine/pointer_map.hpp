@@ -31,11 +31,14 @@ class PointerMap {
     ++size_;
   }
 
-  // Removes `key`, which must be present, and returns its value.
-  Value erase(std::uintptr_t key) {
+  // Removes `key` into `value`; false (and nothing changed) when absent.
+  bool take(std::uintptr_t key, Value& value) {
     std::size_t i = index(key);
-    while (slots_[i].key != key) i = (i + 1) & mask();
-    Value value = slots_[i].value;
+    for (;; i = (i + 1) & mask()) {
+      if (slots_[i].key == key) break;
+      if (slots_[i].key == 0) return false;
+    }
+    value = slots_[i].value;
     // Backward shift: pull later entries of the probe run into the hole.
     for (std::size_t j = (i + 1) & mask();; j = (j + 1) & mask()) {
       if (slots_[j].key == 0) break;
@@ -47,7 +50,7 @@ class PointerMap {
     }
     slots_[i].key = 0;
     --size_;
-    return value;
+    return true;
   }
 
   template <class F>

@@ -60,9 +60,9 @@ ScopeTable& table() {
   return *instance;
 }
 
-void enter(detail::ThreadContext& context, ScopeId id, ScopeId parent, bool module) {
-  context.stack.push_back(detail::ScopeEntry{id, parent, module});
-  context.scope = id;
+void enter(ScopeId id, ScopeId parent, bool module) {
+  detail::scope_stack().push_back(detail::ScopeEntry{id, parent, module});
+  detail::thread_context().scope = id;
 }
 
 void check_name(std::string_view name, const char* what) {
@@ -75,29 +75,27 @@ ScopeId current() noexcept { return detail::thread_context().scope; }
 
 void push(std::string_view name) {
   check_name(name, "gmem::scopes::push");
-  detail::ThreadContext& context = detail::thread_context();
-  const ScopeId parent = context.scope;
-  enter(context, table().child(parent, name), parent, false);
+  const ScopeId parent = detail::thread_context().scope;
+  enter(table().child(parent, name), parent, false);
 }
 
 void push_module(std::string_view module_path) {
   check_name(module_path, "gmem::scopes::push_module");
-  detail::ThreadContext& context = detail::thread_context();
+  const std::vector<detail::ScopeEntry>& stack = detail::scope_stack();
   // Inside a module scope, build on what that module was built on: modules replace modules.
-  const ScopeId base =
-      !context.stack.empty() && context.stack.back().module ? context.stack.back().parent
-                                                            : context.scope;
-  enter(context, table().child(base, module_path), base, true);
+  const ScopeId base = !stack.empty() && stack.back().module ? stack.back().parent
+                                                             : detail::thread_context().scope;
+  enter(table().child(base, module_path), base, true);
 }
 
 void pop() noexcept {
-  detail::ThreadContext& context = detail::thread_context();
-  if (context.stack.empty()) return;
-  context.stack.pop_back();
-  context.scope = context.stack.empty() ? 0 : context.stack.back().id;
+  std::vector<detail::ScopeEntry>& stack = detail::scope_stack();
+  if (stack.empty()) return;
+  stack.pop_back();
+  detail::thread_context().scope = stack.empty() ? 0 : stack.back().id;
 }
 
-std::size_t depth() noexcept { return detail::thread_context().stack.size(); }
+std::size_t depth() noexcept { return detail::scope_stack().size(); }
 
 void pop_to(std::size_t target) noexcept {
   while (depth() > target) pop();

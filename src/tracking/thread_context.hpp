@@ -1,5 +1,5 @@
-// What the tracker's hot path reads from the calling thread: its scope and its call site. One
-// thread-local struct, so a malloc pays for a single TLS lookup.
+// What the tracker's hot path reads from the calling thread: its scope and its call site, in one
+// small thread-local struct, so that a malloc pays for a single TLS lookup.
 #pragma once
 
 #include <cstdint>
@@ -15,15 +15,21 @@ struct ScopeEntry {
   bool module;
 };
 
+// Read on every tracked malloc: plain data, so that the thread_local needs no constructor guard.
 struct ThreadContext {
-  ScopeId scope = 0;        // innermost scope
-  std::uint32_t frames = 0; // FramesId of the call site the Python layer last set (0: none)
-  std::vector<ScopeEntry> stack;
+  ScopeId scope;          // innermost scope (0: none)
+  std::uint32_t frames;   // FramesId of the call site the Python layer last set (0: none)
 };
 
 inline ThreadContext& thread_context() noexcept {
-  thread_local ThreadContext context;
+  thread_local ThreadContext context{0, 0};
   return context;
+}
+
+// The scope stack behind ThreadContext::scope (only scope entry and exit touch it).
+inline std::vector<ScopeEntry>& scope_stack() noexcept {
+  thread_local std::vector<ScopeEntry> stack;
+  return stack;
 }
 
 }  // namespace gmem::detail

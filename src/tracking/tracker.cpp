@@ -8,10 +8,10 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "engine/pointer_map.hpp"
 #include "tracking/clock.hpp"
 #include "tracking/history_ring.hpp"
 #include "tracking/interval_set.hpp"
+#include "tracking/live_map.hpp"
 #include "tracking/spin_lock.hpp"
 #include "tracking/thread_context.hpp"
 
@@ -78,38 +78,34 @@ class Tracker::Impl {
     detail::tick_origin();
   }
 
-  FramesId call_site() const {
+  FramesId call_site(const detail::ThreadContext& thread) const {
     return options_.capture_backtrace ? frames::capture_backtrace(2, options_.backtrace_depth)
-                                      : detail::thread_context().frames;
+                                      : thread.frames;
   }
 
   void on_malloc(std::uintptr_t key, std::size_t size, std::size_t requested, StreamId stream) {
-    const ScopeId scope = detail::thread_context().scope;
-    const FramesId site = call_site();
+    const detail::ThreadContext thread = detail::thread_context();
+    const ScopeId scope = thread.scope;
+    const FramesId site = call_site(thread);
     const std::uint64_t tick = detail::ticks();
     std::lock_guard lock(lock_);
     const Record record{++next_id_, size, requested, stream, tick, step_, scope, site};
-    if (Record* old = live_.find(key)) {  // its free was missed
-      live_bytes_ -= old->size;
-      *old = record;
-    } else {
-      live_.insert(key, record);
-    }
+    Record old;
+    if (live_.put(key, record, old)) live_bytes_ -= old.size;  // its free was missed
     live_bytes_ += size;
     ring_.push(RawEvent{tick, key, size, stream, record.id, step_, scope, site, EventKind::alloc});
   }
 
   void on_free(std::uintptr_t key) {
     const bool logged = ring_.capacity() != 0;  // only the history needs the free's time and site
-    const FramesId site = logged ? call_site() : 0;
+    const FramesId site = logged ? call_site(detail::thread_context()) : 0;
     const std::uint64_t tick = logged ? detail::ticks() : 0;
     std::lock_guard lock(lock_);
-    const Record* found = live_.find(key);
-    if (found == nullptr) {
+    Record record;
+    if (!live_.take(key, record)) {
       ++untracked_frees_;
       return;
     }
-    const Record record = live_.erase(key);
     live_bytes_ -= record.size;
     if (record.id <= fed_watermark_) fed_frees_.push_back(key);
     ring_.push(RawEvent{tick, key, record.size, record.stream, record.id, step_, record.scope, site,
@@ -267,7 +263,7 @@ class Tracker::Impl {
   TrackerOptions options_;
   mutable detail::SpinLock lock_;
   // --- under lock_ ---
-  detail::PointerMap<Record> live_;
+  detail::LiveMap<Record> live_;
   detail::HistoryRing<RawEvent> ring_;
   std::uint64_t next_id_ = 0;
   std::uint32_t step_ = 0;

@@ -1,0 +1,71 @@
+/* gmem's C API for observability: tracking, scopes, steps, snapshots and OOM reports.
+ *
+ * Tracking is off until gmem_tracking_enable(): then every allocation is recorded with its size,
+ * stream, time, step, scope and call site, and a bounded history of events is kept, at a cost of
+ * a few tens of nanoseconds per malloc+free. Scopes and call sites are per thread and apply to
+ * every device. Snapshots and OOM reports work without tracking too, with less detail.
+ *
+ * Conventions as in gmem.h: gmem_status_t results, gmem_last_error() for the message, device -1
+ * for the calling thread's current device. Text results go into (buf, size) like
+ * gmem_stats_text: NUL-terminated, truncated to fit, and *needed (when not NULL) gets the full
+ * size including the NUL, so a caller can retry with a larger buffer (a snapshot is taken anew on
+ * each call and may have grown by then). */
+#ifndef GMEM_GMEM_OBSERVE_H
+#define GMEM_GMEM_OBSERVE_H
+
+#include <stddef.h>
+
+#include "gmem/gmem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Starts tracking `device`'s allocations. history_capacity: events kept (0 = the default,
+ * 100000); capture_backtrace: nonzero records a C++ backtrace per allocation (about 1-10 us
+ * each) instead of the thread's frames set with gmem_set_frames. Enabling again changes nothing.
+ * Allocations made before remain untracked (snapshots list them without call sites). */
+gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int capture_backtrace);
+/* Stops recording; what was recorded stays readable until tracking is enabled again. */
+gmem_status_t gmem_tracking_disable(int device);
+/* 1 when `device` is tracked, 0 when not, -1 on error. */
+int gmem_tracking_enabled(int device);
+
+/* Scopes of the calling thread: allocations made inside are tagged with the scope path
+ * ("train/forward"). push_module enters a dotted module path that replaces an enclosing module
+ * scope instead of nesting in it. pop_to leaves scopes until `depth` remain. */
+gmem_status_t gmem_scope_push(const char* name);
+gmem_status_t gmem_scope_push_module(const char* module_path);
+gmem_status_t gmem_scope_pop(void);
+size_t gmem_scope_depth(void);
+gmem_status_t gmem_scope_pop_to(size_t depth);
+
+/* The calling thread's call site for the allocations it makes next: "file:line:function" lines,
+ * innermost first (the Python layer sets its stack here). NULL or "" clears it. */
+gmem_status_t gmem_set_frames(const char* frames);
+/* The calling thread's call site as an opaque id (0: none), to put back later with
+ * gmem_restore_frames (hooks that set frames for a call restore the caller's afterwards). */
+uint32_t gmem_current_frames(void);
+gmem_status_t gmem_restore_frames(uint32_t id);
+
+/* A training step ended (leak detection samples at steps), or a note for the history; both go to
+ * every tracked device. */
+gmem_status_t gmem_step(void);
+gmem_status_t gmem_annotate(const char* text);
+
+/* A snapshot of `device` now: gmem's JSON (docs/snapshot-schema.md), or the pickle that
+ * torch.cuda.memory._dump_snapshot writes (open it at https://pytorch.org/memory_viz). */
+gmem_status_t gmem_snapshot_json(int device, char* buf, size_t size, size_t* needed);
+gmem_status_t gmem_snapshot_pickle(int device, const char* path);
+
+/* The report of the last failed allocation, as text or JSON ("" when none failed). Here device
+ * -1 means the most recent failure on any device. The report is also appended to the message
+ * of the failed call (gmem_last_error) unless the environment sets GMEM_OOM_REPORT=0. */
+gmem_status_t gmem_oom_report_text(int device, char* buf, size_t size, size_t* needed);
+gmem_status_t gmem_oom_report_json(int device, char* buf, size_t size, size_t* needed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GMEM_GMEM_OBSERVE_H */

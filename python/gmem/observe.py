@@ -1,0 +1,353 @@
+"""Who holds GPU memory, and why an allocation failed: tracking, scopes, snapshots, OOM reports.
+
+    gmem.enable_tracking()                  # record every allocation from now on (cheap)
+    with gmem.scope("validation"):          # tag what is allocated inside
+        ...
+    gmem.torch.track_modules(model)         # tag by module path, forward and backward
+    for batch in loader:
+        ...
+        gmem.step()                         # a step ends: leak detection samples here
+    gmem.snapshot()                         # dict (docs/snapshot-schema.md)
+    gmem.dump_snapshot("mem.pickle")        # open at https://pytorch.org/memory_viz
+    gmem.last_oom_report()                  # why the last allocation failed, and what to do
+
+Scopes and call sites are per thread. Python stacks are recorded where this module sets them
+(scope entry, module calls with track_modules(stacks=True), set_frames()): PyTorch's allocator
+calls gmem from C++, where no Python stack can be taken cheaply.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import threading
+
+from . import _lib
+from .memory import device_index
+
+_status = ctypes.c_int
+_size_p = ctypes.POINTER(ctypes.c_size_t)
+
+# name: (restype, argtypes), from include/gmem/gmem_observe.h
+_PROTOTYPES = {
+    "gmem_tracking_enable": (_status, [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]),
+    "gmem_tracking_disable": (_status, [ctypes.c_int]),
+    "gmem_tracking_enabled": (ctypes.c_int, [ctypes.c_int]),
+    "gmem_scope_push": (_status, [ctypes.c_char_p]),
+    "gmem_scope_push_module": (_status, [ctypes.c_char_p]),
+    "gmem_scope_pop": (_status, []),
+    "gmem_scope_depth": (ctypes.c_size_t, []),
+    "gmem_scope_pop_to": (_status, [ctypes.c_size_t]),
+    "gmem_set_frames": (_status, [ctypes.c_char_p]),
+    "gmem_current_frames": (ctypes.c_uint32, []),
+    "gmem_restore_frames": (_status, [ctypes.c_uint32]),
+    "gmem_step": (_status, []),
+    "gmem_annotate": (_status, [ctypes.c_char_p]),
+    "gmem_snapshot_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
+    "gmem_snapshot_pickle": (_status, [ctypes.c_int, ctypes.c_char_p]),
+    "gmem_oom_report_text": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
+    "gmem_oom_report_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
+}
+
+_declared = threading.Lock()
+_api = None
+
+
+def _c():
+    """libgmem with the observability prototypes declared."""
+    global _api
+    if _api is None:
+        with _declared:
+            if _api is None:
+                lib = _lib.lib()
+                for name, (restype, argtypes) in _PROTOTYPES.items():
+                    try:
+                        fn = getattr(lib, name)
+                    except AttributeError as e:
+                        raise _lib.GmemError("%s lacks %s: is it an older libgmem?"
+                                             % (_lib.library_path(), name)) from e
+                    fn.restype, fn.argtypes = restype, argtypes
+                _api = lib
+    return _api
+
+
+def _text(fn, *args):
+    """Calls a (args..., buf, size, needed) function, growing the buffer until the text fits."""
+    needed = ctypes.c_size_t(0)
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        _lib.check(fn(*args, buf, size, ctypes.byref(needed)))
+        if needed.value <= size:
+            return buf.value.decode("utf-8", "replace")
+        size = needed.value + needed.value // 4  # the snapshot may grow before the next call
+
+
+def _bytes(text):
+    return text.encode("utf-8") if text is not None else None
+
+
+# --- tracking ---------------------------------------------------------------------------------
+
+
+def enable_tracking(device=None, history=100000, backtrace=False):
+    """Records every allocation on `device` from now on: size, stream, time, step, scope and call
+    site, plus a history of the last `history` events. backtrace=True also takes a C++ backtrace
+    per allocation (slow: microseconds each). Allocations made before stay untracked."""
+    _lib.check(_c().gmem_tracking_enable(device_index(device), int(history), 1 if backtrace else 0))
+
+
+def disable_tracking(device=None):
+    _lib.check(_c().gmem_tracking_disable(device_index(device)))
+
+
+def is_tracking(device=None):
+    enabled = _c().gmem_tracking_enabled(device_index(device))
+    if enabled < 0:
+        _lib.check(1)  # raises with gmem's message
+    return enabled == 1
+
+
+def step():
+    """A training step ended. Steps number the allocations; leak detection compares steps.
+    Also clears this thread's scopes left open by backward hooks that never fired."""
+    _clear_backward_scopes()
+    _lib.check(_c().gmem_step())
+
+
+def annotate(text):
+    """A note in the history of every tracked device ("epoch 3", "eval starts")."""
+    _lib.check(_c().gmem_annotate(_bytes(str(text))))
+
+
+# --- call sites -------------------------------------------------------------------------------
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def python_stack(skip=0, limit=32):
+    """The calling thread's Python stack as gmem's frames text: "file:line:function" lines,
+    innermost first, without gmem's own frames."""
+    frame = sys._getframe(skip + 1)
+    lines = []
+    while frame is not None and len(lines) < limit:
+        code = frame.f_code
+        if not os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+            lines.append("%s:%d:%s" % (code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return "\n".join(lines)
+
+
+def set_frames(frames="stack"):
+    """Sets this thread's call site for the allocations it makes next. "stack" (the default)
+    takes the current Python stack; a str is "file:line:function" lines, innermost first; a list
+    holds (filename, line, function) tuples, innermost first; None clears."""
+    if frames == "stack":
+        frames = python_stack(skip=1)
+    elif isinstance(frames, (list, tuple)):
+        frames = "\n".join("%s:%d:%s" % (f, int(line), name) for f, line, name in frames)
+    _lib.check(_c().gmem_set_frames(_bytes(frames)))
+
+
+# --- scopes -----------------------------------------------------------------------------------
+
+
+class scope(contextlib.ContextDecorator):
+    """Tags the allocations made inside with `name` (nested: "outer/name"); per thread.
+
+        with gmem.scope("validation"):
+            evaluate(model)
+
+    stack=True also records the Python stack at entry as their call site."""
+
+    def __init__(self, name, stack=True):
+        if not name:
+            raise ValueError("gmem.scope needs a non-empty name")
+        self.name = str(name)
+        self.stack = stack
+        self._saved = threading.local()
+
+    def __enter__(self):
+        c = _c()
+        saved = getattr(self._saved, "list", None)
+        if saved is None:
+            saved = self._saved.list = []
+        saved.append((c.gmem_scope_depth(), c.gmem_current_frames()))
+        _lib.check(c.gmem_scope_push(self.name.encode("utf-8")))
+        if self.stack:
+            c.gmem_set_frames(python_stack(skip=1).encode("utf-8"))
+        return self
+
+    def __exit__(self, *exc):
+        depth, frames = self._saved.list.pop()
+        c = _c()
+        c.gmem_scope_pop_to(depth)
+        c.gmem_restore_frames(frames)
+        return False
+
+
+# --- snapshots and OOM reports ------------------------------------------------------------------
+
+
+def snapshot(device=None):
+    """What gmem holds on `device` now, block by block, with the tracking history (when tracking
+    is on), as a dict in gmem's schema (docs/snapshot-schema.md)."""
+    return json.loads(_text(_c().gmem_snapshot_json, device_index(device)))
+
+
+def dump_snapshot(path, device=None):
+    """Writes a snapshot as torch.cuda.memory._dump_snapshot() does (a pickle): drag it onto
+    https://pytorch.org/memory_viz, or read it with torch.cuda._memory_viz."""
+    _lib.check(_c().gmem_snapshot_pickle(device_index(device), os.fsencode(path)))
+
+
+def last_oom_report(device=None, as_json=False):
+    """The report of the last failed allocation (on any device when device is None): the
+    request, the limit, the device's memory and who else holds it, what gmem holds, the cause
+    (live memory, fragmentation, or memory held outside gmem), the largest holders by scope and
+    call site, leak suspects, and what to do. A str (a dict with as_json=True); None if no
+    allocation has failed."""
+    dev = -1 if device is None else device_index(device)
+    fn = _c().gmem_oom_report_json if as_json else _c().gmem_oom_report_text
+    text = _text(fn, dev)
+    if not text:
+        return None
+    return json.loads(text) if as_json else text
+
+
+# --- modules (PyTorch) --------------------------------------------------------------------------
+
+_backward = threading.local()  # per autograd thread: [[depth, path]] of open backward scopes
+
+
+def _backward_stack():
+    stack = getattr(_backward, "stack", None)
+    if stack is None:
+        stack = _backward.stack = []
+    return stack
+
+
+def _clear_backward_scopes():
+    stack = _backward_stack()
+    if stack:
+        _c().gmem_scope_pop_to(stack[0][0])
+        del stack[:]
+
+
+def _tensors(value, out, limit=64):
+    """The tensors in a module's inputs or outputs (nested tuples, lists, dicts), up to `limit`."""
+    if len(out) >= limit:
+        return out
+    if hasattr(value, "register_hook") and hasattr(value, "requires_grad"):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _tensors(v, out, limit)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _tensors(v, out, limit)
+    return out
+
+
+class ModuleTracking:
+    """What track_modules() returns: remove() takes its hooks off again."""
+
+    def __init__(self, handles):
+        self._handles = handles
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        del self._handles[:]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def track_modules(model, name="model", stacks=False):
+    """Tags every allocation made in a module's forward and backward with the module's path
+    ("model.transformer.h.3.mlp"), nested inside any gmem.scope. Summaries, snapshots and OOM
+    reports group by it. stacks=True also records the Python stack at each module call (costs
+    some microseconds per call).
+
+    Backward is followed through tensor hooks (a module's backward starts when its output's
+    gradient is computed, and ends when its input's is), not full backward hooks, which break
+    models with in-place operations (ReLU(inplace=True) after a hooked module)."""
+    c = _c()
+    handles = []
+    root = model
+    for path, module in model.named_modules(prefix=name):
+        encoded = path.encode("utf-8")
+        forward_saved = threading.local()
+
+        def pre_hook(module, args, _path=encoded, _saved=forward_saved):
+            saved = getattr(_saved, "list", None)
+            if saved is None:
+                saved = _saved.list = []
+            saved.append((c.gmem_scope_depth(), c.gmem_current_frames()))
+            c.gmem_scope_push_module(_path)
+            if stacks:
+                c.gmem_set_frames(python_stack(skip=1).encode("utf-8"))
+
+        def post_hook(module, args, output, _path=encoded, _saved=forward_saved):
+            saved = getattr(_saved, "list", None)
+            if saved:
+                depth, frames = saved.pop()
+                c.gmem_scope_pop_to(depth)
+                c.gmem_restore_frames(frames)
+            _hook_backward(module is root, _path, args, output)
+
+        handles.append(module.register_forward_pre_hook(pre_hook))
+        handles.append(module.register_forward_hook(post_hook))
+    return ModuleTracking(handles)
+
+
+def _hook_backward(is_root, path, args, output):
+    outputs = [t for t in _tensors(output, []) if t.requires_grad]
+    if not outputs:
+        return  # no_grad / inference: no backward
+    inputs = [t for t in _tensors(args, []) if t.requires_grad]
+    state = {"entry": None, "left": False}
+    c = _c()
+
+    def start(grad):
+        # The first of the module's output gradients: its backward begins (on this thread).
+        if state["entry"] is not None:
+            return None
+        if is_root:
+            _clear_backward_scopes()  # a new backward pass: drop what the last one left open
+        entry = [c.gmem_scope_depth(), path]
+        c.gmem_scope_push_module(path)
+        _backward_stack().append(entry)
+        state["entry"] = entry
+        return None
+
+    def end(grad):
+        # The first of its input gradients: its backward is over. Modules that began after it
+        # and go on (their input is this one's output) are entered again on top.
+        entry = state["entry"]
+        if entry is None or state["left"]:
+            return None
+        state["left"] = True
+        stack = _backward_stack()
+        at = next((i for i, e in enumerate(stack) if e is entry), None)
+        if at is None:
+            return None  # a later backward pass cleared it
+        above = stack[at + 1:]
+        del stack[at:]
+        c.gmem_scope_pop_to(entry[0])
+        for e in above:
+            e[0] = c.gmem_scope_depth()
+            c.gmem_scope_push_module(e[1])
+            stack.append(e)
+        return None
+
+    for t in outputs:
+        t.register_hook(start)
+    for t in inputs:
+        t.register_hook(end)

@@ -1,0 +1,32 @@
+// The C API's observability (include/gmem/gmem_observe.h, implemented in observe_c.cpp): what
+// gmem_c.cpp calls to route allocations through a device's tracker, and the two helpers of
+// gmem_c.cpp that observe_c.cpp shares.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "capi/registry.hpp"
+#include "gmem/gmem.h"
+#include "gmem/summary.hpp"
+
+namespace gmem::capi {
+
+// The engine's malloc and free, reported to the device's tracker when tracking is on. A failed
+// malloc leaves its OOM report (gmem_oom_report_text) and, unless GMEM_OOM_REPORT=0, throws
+// with the report appended to the message.
+void* observed_malloc(DeviceContext& context, std::size_t size, StreamId stream);
+void observed_free(DeviceContext& context, void* ptr);
+
+// For memory summaries: live memory by scope when allocations carry scopes, else by call site;
+// empty when the device is not tracked.
+std::vector<TopAllocation> tracked_top(DeviceContext& context, std::size_t n = 10);
+
+// Defined in gmem_c.cpp: runs `body` turning exceptions into a status and the thread's last
+// error, and copies text out as gmem_stats_text does.
+gmem_status_t run_guarded(const char* function, const std::function<void()>& body) noexcept;
+void copy_text_out(const std::string& text, char* buf, std::size_t size, std::size_t* needed);
+
+}  // namespace gmem::capi

@@ -1,0 +1,356 @@
+"""gmem.observe over the simulated device: tracking, scopes, call sites, snapshots (JSON and the
+memory_viz pickle), OOM reports, and track_modules' scopes in forward and backward (with a
+stand-in for torch's modules and tensors; test_observe_gpu below runs the real thing)."""
+
+import json
+import os
+import pickle
+import tempfile
+import threading
+import unittest
+
+from support import MiB, run_python
+
+import gmem
+from gmem import observe
+
+THIS_FILE = os.path.abspath(__file__)
+
+
+def live_blocks(snap):
+    return [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+
+
+class ObserveTestCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        observe.enable_tracking()
+
+    def setUp(self):
+        self.live = []
+
+    def tearDown(self):
+        for p in self.live:
+            gmem.free(p)
+
+    def malloc(self, size):
+        p = gmem.malloc(size)
+        self.live.append(p)
+        return p
+
+    def block(self, ptr):
+        for b in live_blocks(observe.snapshot()):
+            if b["address"] == ptr:
+                return b
+        self.fail("block %#x not in the snapshot" % ptr)
+
+
+class TrackingTest(ObserveTestCase):
+    def test_enabled(self):
+        self.assertTrue(observe.is_tracking())
+        observe.enable_tracking()  # again: no change
+        self.assertTrue(observe.is_tracking())
+
+    def test_scopes_nest_and_record_the_stack(self):
+        with observe.scope("train"):
+            with observe.scope("forward"):
+                inner = self.malloc(3 * MiB)
+            outer = self.malloc(1000)
+        bare = self.malloc(512)
+        snap = observe.snapshot()
+        frames = snap["frames"]
+        blocks = {b["address"]: b for b in live_blocks(snap)}
+        self.assertEqual(blocks[inner]["scope"], "train/forward")
+        self.assertEqual(blocks[outer]["scope"], "train")
+        self.assertEqual(blocks[bare]["scope"], "")
+        self.assertEqual(blocks[bare]["frames"], 0)  # the scope's stack was put back on exit
+        stack = frames[str(blocks[inner]["frames"])]
+        self.assertEqual(stack[0]["filename"], THIS_FILE)  # innermost: where the scope began
+        self.assertEqual(stack[0]["name"], "test_scopes_nest_and_record_the_stack")
+        self.assertEqual(blocks[inner]["size"], 3 * MiB)
+        self.assertEqual(blocks[outer]["requested_size"], 1000)
+
+    def test_scope_is_a_decorator_too(self):
+        @observe.scope("helper", stack=False)
+        def helper():
+            return self.malloc(4096)
+
+        self.assertEqual(self.block(helper())["scope"], "helper")
+
+    def test_set_frames(self):
+        observe.set_frames([("data.py", 12, "load"), ("main.py", 3, "<module>")])
+        p = self.malloc(2048)
+        observe.set_frames(None)
+        snap = observe.snapshot()
+        b = [b for b in live_blocks(snap) if b["address"] == p][0]
+        self.assertEqual(snap["frames"][str(b["frames"])],
+                         [{"filename": "data.py", "line": 12, "name": "load"},
+                          {"filename": "main.py", "line": 3, "name": "<module>"}])
+
+    def test_steps_annotations_and_history(self):
+        observe.annotate("phase two")
+        before = observe.snapshot()["tracking"]["step"]
+        p = self.malloc(8192)
+        gmem.free(p)
+        self.live.remove(p)
+        observe.step()
+        snap = observe.snapshot()
+        self.assertEqual(snap["tracking"]["step"], before + 1)
+        history = snap["history"]
+        texts = [e["text"] for e in history if e["action"] == "annotation"]
+        self.assertIn("phase two", texts)
+        mine = [e["action"] for e in history if e["addr"] == p]
+        self.assertEqual(mine[-2:], ["alloc", "free"])
+        self.assertEqual(history[-1]["action"], "step")
+
+    def test_backward_thread_scopes_are_its_own(self):
+        seen = {}
+
+        def other():
+            seen["p"] = gmem.malloc(4096)
+
+        with observe.scope("main_only"):
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        self.live.append(seen["p"])
+        self.assertEqual(self.block(seen["p"])["scope"], "")
+
+
+class SnapshotPickleTest(ObserveTestCase):
+    def test_memory_viz_layout(self):
+        with observe.scope("kept"):
+            p = self.malloc(5 * MiB)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "snap.pickle")
+            observe.dump_snapshot(path)
+            with open(path, "rb") as f:
+                d = pickle.load(f)
+        self.assertEqual(set(d), {"segments", "device_traces", "allocator_settings",
+                                  "external_annotations"})
+        blocks = {b["address"]: b for s in d["segments"] for b in s["blocks"]}
+        self.assertEqual(blocks[p]["state"], "active_allocated")
+        self.assertEqual(blocks[p]["frames"][-1],
+                         {"filename": "<gmem scope>", "line": 0, "name": "kept"})
+        for s in d["segments"]:
+            self.assertEqual(sum(b["size"] for b in s["blocks"]), s["total_size"])
+        self.assertIn("alloc", [e["action"] for e in d["device_traces"][0]])
+
+    def test_unwritable_path(self):
+        with self.assertRaises(gmem.BadInputError) as cm:
+            observe.dump_snapshot("/nonexistent-dir/snap.pickle")
+        self.assertIn("/nonexistent-dir/snap.pickle", str(cm.exception))
+
+
+OOM_CHILD = r"""
+import gmem, json
+from gmem import observe
+assert observe.last_oom_report() is None
+observe.enable_tracking()
+gmem.set_memory_limit(64 << 20)
+kept = []
+try:
+    with observe.scope("model.h.3.mlp"):
+        while True:
+            kept.append(gmem.malloc(8 << 20))
+except gmem.OutOfMemoryError as e:
+    message = str(e)
+assert "cause: live memory" in message, message          # the report travels with the error
+text = observe.last_oom_report()
+assert text.startswith("gmem: out of memory: tried to allocate 8.00 MiB"), text
+for part in ("limit 64.00 MiB", "Live memory by scope:", "model.h.3.mlp", "What to do:",
+             "smaller batch", "checkpointing"):
+    assert part in text, (part, text)
+d = observe.last_oom_report(as_json=True)
+assert d["cause"] == "live memory" and d["limit"] == 64 << 20, d
+assert d["by_scope"][0]["key"] == "model.h.3.mlp" and d["by_scope"][0]["count"] == len(kept), d
+assert observe.last_oom_report(device=0) == text
+print("ok")
+"""
+
+
+class OomReportTest(unittest.TestCase):
+    def test_report_in_the_error_and_afterwards(self):
+        result = run_python(["-c", OOM_CHILD])
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("ok", result.stdout)
+
+    def test_report_can_stay_out_of_the_message(self):
+        child = OOM_CHILD.replace('assert "cause: live memory" in message, message',
+                                  'assert "cause:" not in message, message')
+        result = run_python(["-c", child], GMEM_OOM_REPORT="0")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+
+# --- track_modules with stand-ins for torch.nn.Module and torch.Tensor --------------------------
+
+
+class FakeTensor:
+    def __init__(self, requires_grad=True):
+        self.requires_grad = requires_grad
+        self.hooks = []
+
+    def register_hook(self, fn):
+        self.hooks.append(fn)
+
+    def backward_reaches_me(self):
+        for fn in self.hooks:
+            fn(None)
+
+
+class Handle:
+    def __init__(self, hooks, fn):
+        self.hooks, self.fn = hooks, fn
+
+    def remove(self):
+        self.hooks.remove(self.fn)
+
+
+class FakeModule:
+    """Calls its children in order; allocates `size` bytes in its own forward."""
+
+    def __init__(self, size, *children, params=False):
+        self.size = size
+        self.params = params
+        self.children = list(children)
+        self.pre, self.post = [], []
+        self.allocated = []
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for i, child in enumerate(self.children):
+            yield from child.named_modules("%s.%d" % (prefix, i))
+
+    def register_forward_pre_hook(self, fn):
+        self.pre.append(fn)
+        return Handle(self.pre, fn)
+
+    def register_forward_hook(self, fn):
+        self.post.append(fn)
+        return Handle(self.post, fn)
+
+    def __call__(self, inp):
+        for fn in self.pre:
+            fn(self, (inp,))
+        self.allocated.append(gmem.malloc(self.size))
+        x = inp
+        for child in self.children:
+            x = child(x)
+        out = FakeTensor(x.requires_grad or self.params)
+        for fn in self.post:
+            fn(self, (inp,), out)
+        self.output, self.input = out, inp
+        return out
+
+
+class TrackModulesTest(ObserveTestCase):
+    def scopes_of(self, ptrs):
+        blocks = {b["address"]: b["scope"] for b in live_blocks(observe.snapshot())}
+        return [blocks[p] for p in ptrs]
+
+    def test_forward_and_backward_scopes(self):
+        leaf_a, leaf_b = FakeModule(4096), FakeModule(8192)
+        block = FakeModule(1024, leaf_a, leaf_b)
+        model = FakeModule(2048, block)
+        tracking = observe.track_modules(model)
+        with observe.scope("train"):
+            model(FakeTensor(requires_grad=True))
+        fwd = [model.allocated[0], block.allocated[0], leaf_a.allocated[0], leaf_b.allocated[0]]
+        self.live.extend(fwd)
+        self.assertEqual(self.scopes_of(fwd),
+                         ["train/model", "train/model.0", "train/model.0.0", "train/model.0.1"])
+
+        # Backward, on another thread as PyTorch's autograd engine does: gradients reach the
+        # outputs from the last module to the first, then the inputs.
+        got = {}
+
+        def backward():
+            def alloc(tag):
+                got[tag] = gmem.malloc(512)
+
+            model.output.backward_reaches_me()   # model's backward begins
+            alloc("model")
+            block.output.backward_reaches_me()
+            leaf_b.output.backward_reaches_me()
+            alloc("leaf_b")
+            # leaf_b's input is leaf_a's output: leaf_a begins (its hook came first), leaf_b ends
+            leaf_b.input.backward_reaches_me()
+            alloc("leaf_a")
+            # the model's input is everyone's: all end
+            leaf_a.input.backward_reaches_me()
+            alloc("after")
+
+        t = threading.Thread(target=backward)
+        t.start()
+        t.join()
+        self.live.extend(got.values())
+        self.assertEqual(self.scopes_of([got["model"], got["leaf_b"], got["leaf_a"], got["after"]]),
+                         ["model", "model.0.1", "model.0.0", ""])
+
+        tracking.remove()
+        p = self.malloc(512)
+        model(FakeTensor(requires_grad=False))
+        self.live.extend([model.allocated[-1], block.allocated[-1], leaf_a.allocated[-1],
+                          leaf_b.allocated[-1]])
+        self.assertEqual(self.scopes_of([model.allocated[-1], p]), ["", ""])
+
+
+    def test_unfinished_backward_is_cleared_by_the_next(self):
+        # The model's input needs no gradient: no module's backward "ends". The next backward
+        # pass (or gmem.step()) must not pile up scopes on the autograd thread.
+        leaf = FakeModule(512, params=True)
+        model = FakeModule(512, leaf, params=True)
+        tracking = observe.track_modules(model)
+        self.addCleanup(tracking.remove)
+        depths = []
+
+        def backward_twice():
+            c = observe._c()
+            for _ in range(2):
+                model(FakeTensor(requires_grad=False))
+                self.live.extend([model.allocated[-1], leaf.allocated[-1]])
+                model.output.backward_reaches_me()
+                leaf.output.backward_reaches_me()
+                depths.append(c.gmem_scope_depth())
+            observe.step()
+            depths.append(c.gmem_scope_depth())
+
+        t = threading.Thread(target=backward_twice)
+        t.start()
+        t.join()
+        self.assertEqual(depths, [2, 2, 0])
+
+
+@unittest.skipUnless(os.environ.get("GMEM_GPU_TESTS"), "set GMEM_GPU_TESTS=1 on a GPU machine")
+class TrackModulesGpuTest(unittest.TestCase):
+    """With real PyTorch on a GPU (gmem.torch): module paths in forward and backward, and the
+    OOM report carried by torch.OutOfMemoryError."""
+
+    def test_real_model(self):
+        child = r"""
+import gmem, gmem.torch, torch
+from gmem import observe
+gmem.torch.enable()
+observe.enable_tracking()
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(inplace=True),
+                            torch.nn.Linear(4096, 1024)).cuda()
+observe.track_modules(model)
+x = torch.randn(256, 1024, device="cuda")
+model(x).square().mean().backward()
+observe.step()
+scopes = {b.get("scope") for s in observe.snapshot()["segments"] for b in s["blocks"]}
+hist = observe.snapshot()["history"]
+assert "model.0" in {e["scope"] for e in hist if e["action"] == "alloc"}, hist[-20:]
+try:
+    torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError as e:
+    assert "What to do:" in str(e), str(e)
+assert observe.last_oom_report() is not None
+print("ok")
+"""
+        result = run_python(["-c", child], GMEM_DEVICE=None)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
