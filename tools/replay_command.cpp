@@ -1,4 +1,5 @@
 // gmem replay: how much memory gmem needs for a real trace, next to what PyTorch's allocator took.
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -12,7 +13,7 @@
 namespace gmem::cli {
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] FILE...\n"
+    "usage: gmem replay [--json] [--capacity BYTES] [--cache-slack F] FILE...\n"
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
     "as ratios to the trace's peak allocated memory: the memory PyTorch's allocator reserved\n"
@@ -23,6 +24,8 @@ const char kReplayUsage[] =
     "torch.cuda.memory._dump_snapshot(), or an RMM log.\n"
     "\n"
     "  --capacity BYTES  the simulated device's memory (default 80G; e.g. 16G, 512M)\n"
+    "  --cache-slack F   reserved may grow to the allocated high-water mark x (1 + F) before\n"
+    "                    gmem stitches cached pages (default 0.125; 0.015625: memory first)\n"
     "  --json            one JSON object per trace, one per line\n";
 
 namespace {
@@ -81,6 +84,12 @@ int replay_command(const Args& args) {
       if (options.capacity == 0) throw UsageError("--capacity must be more than 0");
     } else if (a.starts_with("--capacity=")) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
+    } else if (a == "--cache-slack") {
+      const std::string value = option_value(args, i);
+      char* end = nullptr;
+      options.engine.cache_slack = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || options.engine.cache_slack < 0)
+        throw UsageError("--cache-slack wants a fraction such as 0.125, got " + value);
     } else if (a.starts_with("-") && a != "-") {
       throw UsageError("replay: unknown option " + a + " (see gmem help replay)");
     } else {

@@ -29,7 +29,7 @@ struct EngineOptions {
   // logits) settle into a steady state with no device calls. false: grow until the limit,
   // and stitch only then.
   bool reuse_before_grow = true;
-  double cache_slack = 1.0 / 64;
+  double cache_slack = 1.0 / 8;
   std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = 2x device total
 };
 

@@ -151,8 +151,9 @@ class Tracker final : public EngineListener {
   std::unique_ptr<Impl> impl_;
 };
 
-// The site of an allocation as people read it: its innermost frame ("file:line:function"), else
-// its scope path, else "<unknown>".
+// The site of an allocation as people read it: its innermost frame of the program's own Python
+// code ("train.py:42:forward", not torch's or an installed package's), else its innermost frame,
+// else its scope path, else "<unknown>".
 std::string site_of(ScopeId scope, FramesId frames);
 
 // --- the adaptor ---------------------------------------------------------------------------------

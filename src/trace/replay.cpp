@@ -122,7 +122,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   SimDeviceOptions device_options;
   device_options.capacity = options.capacity;
   SimulatedDevice device(device_options);
-  Engine engine(device);
+  Engine engine(device, options.engine);
   std::vector<void*> blocks(program.slots);
 
   // Timed stretches end at the half-way mark (to count late device calls) and at checks.

@@ -17,6 +17,7 @@ namespace gmem::trace {
 
 struct ReplayOptions {
   std::size_t capacity = std::size_t{80} << 30;  // the simulated device's memory
+  EngineOptions engine;                          // the engine's policy (cache_slack, ...)
   // Run Engine::check_invariants() at the end, and every `check_every` operations when nonzero.
   bool check_invariants = false;
   std::size_t check_every = 0;

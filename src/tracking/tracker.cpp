@@ -59,14 +59,32 @@ const char* event_kind_name(EventKind kind) noexcept {
   return "?";
 }
 
+namespace {
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Python code of the program itself, not of torch or an installed package.
+bool is_user_python(const Frame& f) {
+  return ends_with(f.filename, ".py") && f.filename.find("site-packages/") == std::string::npos &&
+         f.filename.find("dist-packages/") == std::string::npos &&
+         f.filename.find("/torch/") == std::string::npos;
+}
+
+std::string frame_text(const Frame& f) {
+  return f.filename.empty() && f.line == 0 ? f.name
+                                           : f.filename + ':' + std::to_string(f.line) + ':' + f.name;
+}
+
+}  // namespace
+
 std::string site_of(ScopeId scope, FramesId frames_id) {
   if (frames_id != 0) {
     const std::vector<Frame> stack = frames::get(frames_id);
-    if (!stack.empty()) {
-      const Frame& f = stack.front();
-      return f.filename.empty() && f.line == 0 ? f.name
-                                               : f.filename + ':' + std::to_string(f.line) + ':' + f.name;
-    }
+    for (const Frame& f : stack)
+      if (is_user_python(f)) return frame_text(f);
+    if (!stack.empty()) return frame_text(stack.front());
   }
   if (scope != 0) return scopes::path(scope);
   return "<unknown>";

@@ -249,17 +249,19 @@ TEST(Engine, OtherStreamReusesMemoryOnlyAfterTheFreeingStreamCaughtUp) {
 TEST(Engine, NeverUnmapsAPageWhileItsStreamMayStillUseIt) {
   // Unmapping takes effect at once, not in stream order: even the freeing stream itself must
   // have finished the kernels queued before the free (found on the H100: GPT-2 crashed).
-  SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
+  SimulatedDevice device(device_of(48 * MiB, /*immediate=*/false));
   Engine engine(device);
   constexpr StreamId s = 3;
   void* p = engine.malloc(40 * MiB, s);
+  void* fence = engine.malloc(2 * MiB, s);  // keeps p's range apart from the free tail
   device.submit_work(s);
   engine.free(p);
   EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
-  void* q = engine.malloc(60 * MiB, s);  // needs p's pages mapped elsewhere
+  void* q = engine.malloc(44 * MiB, s);  // fits no free range: needs p's pages mapped elsewhere
   EXPECT_GT(device.calls(DeviceCall::synchronize_event), 0u);
   EXPECT_GT(engine.stats().num_stitches, 0);
   engine.free(q);
+  engine.free(fence);
   engine.check_invariants();
 }
 

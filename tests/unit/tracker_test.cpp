@@ -102,7 +102,7 @@ TEST(Frames, ParsesPythonStyleLines) {
   EXPECT_TRUE(frames::get(0).empty());
 }
 
-FramesId capture_here() { return frames::capture_backtrace(0, 8); }
+[[gnu::noinline]] FramesId capture_here() { return frames::capture_backtrace(0, 8); }
 
 TEST(Frames, BacktraceIsCapturedAndInterned) {
   const FramesId a = capture_here();
@@ -110,7 +110,8 @@ TEST(Frames, BacktraceIsCapturedAndInterned) {
   EXPECT_FALSE(frames::get(a).empty());
   // Two captures from one call site are one stack; from another site, another.
   FramesId same[2];
-  for (FramesId& id : same) id = capture_here();
+  static volatile int two = 2;  // an unknown trip count: the loop stays one call site
+  for (int i = 0, n = two; i < n && i < 2; ++i) same[i] = capture_here();
   EXPECT_EQ(same[0], same[1]);
   EXPECT_NE(frames::capture_backtrace(0, 8), same[0]);
 }
@@ -276,6 +277,29 @@ TEST(Tracker, GroupsLiveMemoryByScopeAndSite) {
   EXPECT_EQ(by_site[0].bytes, 4001u * 512);
   EXPECT_EQ(by_site[0].count, 3u);
   EXPECT_EQ(tracker.usage_by_site(1).size(), 1u);
+}
+
+TEST(Tracker, SiteIsTheProgramsOwnFrame) {
+  const FramesId stack = frames::intern(
+      "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py:134:forward\n"
+      "/opt/torch/nn/modules/module.py:1790:_call_impl\n"
+      "capture.py:73:run\ncapture.py:80:<module>");
+  EXPECT_EQ(site_of(0, stack), "capture.py:73:run");
+  EXPECT_EQ(site_of(0, frames::intern("/usr/lib/libfoo.so:0:foo()\nmain:0:main")), "/usr/lib/libfoo.so:0:foo()");
+  EXPECT_EQ(site_of(scopes::intern("model.mlp"), 0), "model.mlp");
+  EXPECT_EQ(site_of(0, 0), "<unknown>");
+}
+
+TEST(Tracker, CapturesBacktracesWhenAsked) {
+  Tracker tracker(TrackerOptions{100, true, 16});
+  auto from_here = [&](std::uintptr_t addr) { tracker.on_malloc(fake(addr), 512, 512, 0); };
+  from_here(kBase);
+  tracker.on_malloc(fake(kBase + 512), 512, 512, 0);
+  const TrackerState s = tracker.state();
+  ASSERT_EQ(s.live.size(), 2u);
+  EXPECT_NE(s.live[0].frames, 0u);
+  EXPECT_NE(s.live[0].frames, s.live[1].frames);  // two call sites
+  EXPECT_FALSE(frames::get(s.live[0].frames).empty());
 }
 
 TEST(Tracker, FindsMemoryThatGrowsEveryStep) {
