@@ -14,6 +14,18 @@ allocation, or run a script with `python -m gmem.run train.py ...`.
 
 from ._lib import library_path
 from ._summary import format_bytes, memory_summary
+from .observe import (
+    annotate,
+    disable_tracking,
+    dump_snapshot,
+    enable_tracking,
+    is_tracking,
+    last_oom_report,
+    scope,
+    set_frames,
+    snapshot,
+    step,
+)
 from .errors import (
     BadInputError,
     DeviceError,

@@ -32,6 +32,8 @@ _PROTOTYPES = {
     "gmem_stat": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
     "gmem_stats_text": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
                                   ctypes.POINTER(ctypes.c_size_t)]),
+    "gmem_memory_summary": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+                                      ctypes.POINTER(ctypes.c_size_t)]),
     "gmem_torch_empty_cache": (None, []),  # every device's engine, like torch.cuda.empty_cache
 }
 
