@@ -25,7 +25,8 @@ const char kReplayUsage[] =
     "\n"
     "  --capacity BYTES  the simulated device's memory (default 80G; e.g. 16G, 512M)\n"
     "  --cache-slack F   reserved may grow to the allocated high-water mark x (1 + F) before\n"
-    "                    gmem stitches cached pages (default 0.125; 0.015625: memory first)\n"
+    "                    gmem stitches cached pages (default 0.125, doubled while stitching\n"
+    "                    persists; a given F stays fixed; 0.015625: memory first)\n"
     "  --json            one JSON object per trace, one per line\n";
 
 namespace {
@@ -88,6 +89,7 @@ int replay_command(const Args& args) {
       const std::string value = option_value(args, i);
       char* end = nullptr;
       options.engine.cache_slack = std::strtod(value.c_str(), &end);
+      options.engine.adaptive_slack = false;  // the slack asked for, as it is
       if (end == value.c_str() || *end != '\0' || options.engine.cache_slack < 0)
         throw UsageError("--cache-slack wants a fraction such as 0.125, got " + value);
     } else if (a.starts_with("-") && a != "-") {

@@ -30,6 +30,9 @@ struct EngineOptions {
   // and stitch only then.
   bool reuse_before_grow = true;
   double cache_slack = 1.0 / 8;
+  // When stitching within the budget keeps moving pages (a quarter of the high-water mark's
+  // worth), double cache_slack, up to 0.5: on a GPU every stitched page costs ~60 us.
+  bool adaptive_slack = true;
   std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = 2x device total
 };
 

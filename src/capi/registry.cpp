@@ -181,7 +181,7 @@ class Registry {
     EngineOptions options;
   };
 
-  // GMEM_CACHE_SLACK: EngineOptions::cache_slack (e.g. 0.125 for loops that restitch every step).
+  // GMEM_CACHE_SLACK: a fixed EngineOptions::cache_slack (e.g. 0.015625: memory first).
   static void apply_environment(EngineOptions& options) {
     if (const char* slack = std::getenv("GMEM_CACHE_SLACK")) {
       char* end = nullptr;
@@ -190,6 +190,7 @@ class Registry {
         throw Error(Errc::invalid_argument, std::string("GMEM_CACHE_SLACK=") + slack +
                                                 ": expected a fraction such as 0.125");
       options.cache_slack = value;
+      options.adaptive_slack = false;
     }
   }
 

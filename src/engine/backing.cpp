@@ -217,6 +217,7 @@ ChunkHandle Engine::Impl::acquire_chunk(int& stage) {
   if (!within_budget) {
     if (const ChunkHandle c = steal_cached_page(false)) {
       stage = std::max(stage, int{kStitched});
+      note_stitch();
       return c;
     }
   }
@@ -232,9 +233,20 @@ ChunkHandle Engine::Impl::acquire_chunk(int& stage) {
   return steal_cached_page(true);
 }
 
+void Engine::Impl::note_stitch() {
+  // Stitching costs device calls (on a GPU ~60 us a page). When a program keeps stitching
+  // within its budget (a churn with no repeating layout), double the slack, up to kMaxSlack:
+  // a little memory for a steady state without device calls.
+  stitched_bytes_ += granularity_;
+  if (options_.adaptive_slack && stitched_bytes_ > high_water_ / 4 && slack_ < kMaxSlack) {
+    slack_ = std::min(kMaxSlack, std::max(slack_ * 2, 1.0 / 64));
+    stitched_bytes_ = 0;
+  }
+}
+
 std::size_t Engine::Impl::growth_budget() const {
   const std::size_t high_water = std::max(high_water_, allocating_);
-  return high_water + static_cast<std::size_t>(static_cast<double>(high_water) * options_.cache_slack) +
+  return high_water + static_cast<std::size_t>(static_cast<double>(high_water) * slack_) +
          2 * granularity_;
 }
 

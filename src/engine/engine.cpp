@@ -29,6 +29,7 @@ Engine::Impl::Impl(Device& device, EngineOptions options)
   page_shift_ = std::countr_zero(granularity_);
   device_total_ = device.mem_info().total;
   limit_ = options.memory_limit ? options.memory_limit : device_total_;
+  slack_ = options.cache_slack;
   arena_size_ = round_up(options.address_space ? options.address_space : 2 * device_total_,
                          granularity_);
   stats_.granularity = static_cast<std::int64_t>(granularity_);

@@ -92,6 +92,9 @@ class Engine::Impl {
   // mark, including the request being served, plus the slack; beyond it cached pages are
   // reused (stitched) before new chunks are created.
   static constexpr std::size_t kTopDownBytes = std::size_t{16} << 20;  // see take_range
+  static constexpr double kMaxSlack = 0.5;
+  double slack_;                     // starts at options_.cache_slack; see note_stitch()
+  std::size_t stitched_bytes_ = 0;   // stitched within the budget since slack_ last rose
   std::size_t high_water_ = 0;  // most bytes ever allocated (not reset by reset_peak_stats)
   std::size_t allocating_ = 0;  // allocated bytes plus the request being served
   mutable PoolStats split_bytes_{}, split_counts_{};  // inactive split, as seen by stats()
@@ -127,6 +130,7 @@ class Engine::Impl {
   ChunkHandle acquire_chunk(int& stage);
   ChunkHandle create_chunk();  // 0 when the limit or the device says no
   std::size_t growth_budget() const;
+  void note_stitch();
   ChunkHandle steal_cached_page(bool wait);
   void unmap_page(detail::PageId id);
   void release_spare_slabs();

@@ -97,7 +97,9 @@ class Tracker::Impl {
   }
 
   FramesId call_site(const detail::ThreadContext& thread) const {
-    return options_.capture_backtrace ? frames::capture_backtrace(2, options_.backtrace_depth)
+    // Skip nothing here: how many of gmem's own frames sit on top depends on inlining, and
+    // symbolising drops them by name anyway (frames.cpp).
+    return options_.capture_backtrace ? frames::capture_backtrace(0, options_.backtrace_depth + 4)
                                       : thread.frames;
   }
 

@@ -1,6 +1,8 @@
 // The engine's behaviour, one rule per test, on the simulated device.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
 #include <vector>
 
 #include "gmem/engine.hpp"
@@ -122,6 +124,32 @@ TEST(Engine, SteadyTrainingLoopMakesNoDeviceCallsAfterTheFirstStep) {
   EXPECT_GT(after_first, 0u);
   EXPECT_EQ(mapping_calls(device), after_first);
   engine.check_invariants();
+}
+
+// A random churn never repeats its layout: within a fixed slack it would stitch forever.
+std::uint64_t late_calls_in_churn(bool adaptive) {
+  SimulatedDevice device;
+  Engine engine(device, EngineOptions{.adaptive_slack = adaptive});
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(64.0 * MiB));
+  std::vector<void*> slots(500);
+  for (void*& p : slots) p = engine.malloc(static_cast<std::size_t>(std::exp(log_size(rng))));
+  std::uint64_t before = 0;
+  for (int i = 0; i < 60000; ++i) {
+    if (i == 50000) before = mapping_calls(device);
+    void*& p = slots[rng() % slots.size()];
+    engine.free(p);
+    p = engine.malloc(static_cast<std::size_t>(std::exp(log_size(rng))));
+  }
+  engine.check_invariants();
+  return mapping_calls(device) - before;
+}
+
+TEST(Engine, PersistentStitchingBuysItselfMoreCache) {
+  const std::uint64_t fixed = late_calls_in_churn(false);
+  const std::uint64_t adaptive = late_calls_in_churn(true);
+  EXPECT_GT(fixed, 1000u);               // the fixed slack keeps remapping...
+  EXPECT_LT(adaptive * 20, fixed);       // ...the adaptive one settles
 }
 
 TEST(Engine, StitchesScatteredFreePagesIntoOneLargeBlock) {

@@ -82,11 +82,13 @@ TEST_P(RealTrace, ReplaysWithinTargets) {
                                              round_up(r.peak_allocated, kGranule));
   ReplayOptions compact;
   compact.engine.cache_slack = 1.0 / 64;
+  compact.engine.adaptive_slack = false;
   const ReplayResult c = replay(t, compact);
   EXPECT_LE(c.peak_reserved, bound) << "peak reserved " << c.peak_reserved << " ("
                                     << c.reserved_ratio() << ") for peak allocated " << c.peak_allocated;
-  // The default policy caches up to 1/8 more than the high-water mark, no more.
-  EXPECT_LE(static_cast<double>(r.peak_reserved), 1.125 * static_cast<double>(r.peak_allocated) + 4.0 * kGranule);
+  // The default policy caches 1/8 more than the high-water mark; where stitching persists
+  // (two_streams moves pages between its streams every step) up to 1/2 more, no further.
+  EXPECT_LE(static_cast<double>(r.peak_reserved), 1.5 * static_cast<double>(r.peak_allocated) + 4.0 * kGranule);
 
   const std::size_t min_cap = min_capacity(t);
   EXPECT_EQ(min_cap % kGranule, 0u);
