@@ -1,7 +1,7 @@
 // gmem summary [--at end|peak] [--json] FILE...: the memory summary of a trace replayed through gmem.
 #include <cstdio>
 
-#include "analysis/json_writer.hpp"
+#include "common/json.hpp"
 #include "args.hpp"
 #include "commands.hpp"
 #include "gmem/summary.hpp"
@@ -55,7 +55,7 @@ int summary_command(const Args& args) {
     if (json) {
       // summary_json's object, with the trace and the point first.
       std::string body = summary_json(s.stats, s.top, s.options());
-      analysis::JsonWriter head;
+      json::Writer head;
       head.begin_object()
           .field("trace", std::string_view(s.trace_name))
           .field("at", at == SummaryPoint::peak ? "peak" : "end")

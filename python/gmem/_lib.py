@@ -114,3 +114,16 @@ def check(status, requested=None):
     """Raises the gmem exception for a failed status; returns None when it succeeded."""
     if status != 0:
         raise error_for_status(status, last_error(), requested=requested)
+
+
+def text(fn, *args):
+    """Calls a C API function (args..., buf, size, needed) that writes text, growing the buffer
+    until the text fits."""
+    needed = ctypes.c_size_t(0)
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        check(fn(*args, buf, size, ctypes.byref(needed)))
+        if needed.value <= size:
+            return buf.value.decode("utf-8", "replace")
+        size = needed.value + needed.value // 4  # it may grow before the next call

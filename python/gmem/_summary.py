@@ -2,8 +2,6 @@
 (where reserved-but-unallocated memory went, the largest free range, the top live scopes).
 The table is formatted once, in C++ (gmem_memory_summary), for every language."""
 
-import ctypes
-
 from . import _lib, memory
 
 
@@ -25,13 +23,4 @@ def memory_summary(device=None, abbreviated=False):
     """A human-readable table of the current statistics (torch.cuda.memory_summary's layout).
     `abbreviated` is accepted for torch's signature; gmem's table is always the full one."""
     del abbreviated
-    lib = _lib.lib()
-    dev = memory.device_index(device)
-    needed = ctypes.c_size_t(0)
-    size = 16384
-    while True:
-        buf = ctypes.create_string_buffer(size)
-        _lib.check(lib.gmem_memory_summary(dev, buf, size, ctypes.byref(needed)))
-        if needed.value <= size:
-            return buf.value.decode("utf-8")
-        size = needed.value
+    return _lib.text(_lib.lib().gmem_memory_summary, memory.device_index(device))

@@ -39,18 +39,8 @@ def stream_handle(stream):
 def memory_stats(device=None):
     """Every statistic as {name: int}, sorted by name, in PyTorch's names
     ("allocated_bytes.all.current", ...) followed by gmem's own ("gmem.memory_limit", ...)."""
-    lib = _lib.lib()
-    dev = device_index(device)
-    needed = ctypes.c_size_t(0)
-    size = 16384
-    while True:
-        buf = ctypes.create_string_buffer(size)
-        _lib.check(lib.gmem_stats_text(dev, buf, size, ctypes.byref(needed)))
-        if needed.value <= size:
-            break
-        size = needed.value  # grew since the last try: ask again with room for it
     stats = {}
-    for line in buf.value.decode("utf-8").splitlines():
+    for line in _lib.text(_lib.lib().gmem_stats_text, device_index(device)).splitlines():
         if line.strip():
             name, value = line.rsplit(None, 1)
             stats[name] = int(value)

@@ -72,18 +72,6 @@ def _c():
     return _api
 
 
-def _text(fn, *args):
-    """Calls a (args..., buf, size, needed) function, growing the buffer until the text fits."""
-    needed = ctypes.c_size_t(0)
-    size = 1 << 16
-    while True:
-        buf = ctypes.create_string_buffer(size)
-        _lib.check(fn(*args, buf, size, ctypes.byref(needed)))
-        if needed.value <= size:
-            return buf.value.decode("utf-8", "replace")
-        size = needed.value + needed.value // 4  # the snapshot may grow before the next call
-
-
 def _bytes(text):
     return text.encode("utf-8") if text is not None else None
 
@@ -193,7 +181,7 @@ class scope(contextlib.ContextDecorator):
 def snapshot(device=None):
     """What gmem holds on `device` now, block by block, with the tracking history (when tracking
     is on), as a dict in gmem's schema (docs/snapshot-schema.md)."""
-    return json.loads(_text(_c().gmem_snapshot_json, device_index(device)))
+    return json.loads(_lib.text(_c().gmem_snapshot_json, device_index(device)))
 
 
 def dump_snapshot(path, device=None):
@@ -210,7 +198,7 @@ def last_oom_report(device=None, as_json=False):
     allocation has failed."""
     dev = -1 if device is None else device_index(device)
     fn = _c().gmem_oom_report_json if as_json else _c().gmem_oom_report_text
-    text = _text(fn, dev)
+    text = _lib.text(fn, dev)
     if not text:
         return None
     return json.loads(text) if as_json else text

@@ -1,7 +1,7 @@
 // LeakReport for people and as JSON.
 #include <sstream>
 
-#include "analysis/json_writer.hpp"
+#include "common/json.hpp"
 #include "gmem/error.hpp"
 #include "gmem/leaks.hpp"
 
@@ -42,14 +42,14 @@ std::string format_leaks(const LeakReport& report) {
 }
 
 std::string leaks_json(const LeakReport& report) {
-  analysis::JsonWriter json;
-  json.begin_object()
+  json::Writer w;
+  w.begin_object()
       .field("trace", std::string_view(report.trace_name))
       .field("periods", std::uint64_t{report.periods})
       .field("period_source", std::string_view(report.period_source));
-  json.key("leaks").begin_array();
+  w.key("leaks").begin_array();
   for (const LeakFinding& leak : report.leaks) {
-    json.begin_object()
+    w.begin_object()
         .field("site", std::string_view(leak.site))
         .field("bytes_per_step", leak.bytes_per_step)
         .field("surviving_bytes", leak.surviving_bytes)
@@ -57,17 +57,17 @@ std::string leaks_json(const LeakReport& report) {
         .field("first_step", std::uint64_t{leak.first_step})
         .field("periods", std::uint64_t{leak.periods})
         .field("growing_periods", std::uint64_t{leak.growing_periods});
-    json.key("sample")
+    w.key("sample")
         .begin_object()
         .field("addr", leak.sample.addr)
         .field("size", leak.sample.size)
         .field("time_us", leak.sample.time_us)
         .field("stack", std::string_view(leak.sample.stack))
         .end_object();
-    json.end_object();
+    w.end_object();
   }
-  json.end_array().end_object();
-  return json.str() + "\n";
+  w.end_array().end_object();
+  return w.str() + "\n";
 }
 
 }  // namespace gmem

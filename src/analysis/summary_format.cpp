@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "analysis/json_writer.hpp"
+#include "common/json.hpp"
 #include "gmem/engine.hpp"
 #include "gmem/error.hpp"
 #include "gmem/summary.hpp"
@@ -183,13 +183,13 @@ std::string format_summary(const MemoryStats& stats, const std::vector<TopAlloca
 
 std::string summary_json(const MemoryStats& stats, const std::vector<TopAllocation>& top,
                          const SummaryOptions& options) {
-  analysis::JsonWriter json;
-  json.begin_object().field("device", std::string_view(options.device)).field("note", std::string_view(options.note));
-  json.key("stats").begin_object();
-  for (const auto& [name, value] : stats.flatten()) json.field(name, value);
-  json.end_object();
+  json::Writer w;
+  w.begin_object().field("device", std::string_view(options.device)).field("note", std::string_view(options.note));
+  w.key("stats").begin_object();
+  for (const auto& [name, value] : stats.flatten()) w.field(name, value);
+  w.end_object();
   const std::int64_t unallocated = stats.reserved_bytes[kAllPools].current - stats.allocated_bytes[kAllPools].current;
-  json.key("reserved_unallocated")
+  w.key("reserved_unallocated")
       .begin_object()
       .field("total", unallocated)
       .field("free_mapped", stats.free_mapped_bytes)
@@ -197,17 +197,17 @@ std::string summary_json(const MemoryStats& stats, const std::vector<TopAllocati
       .field("partial_pages", stats.partial_page_bytes)
       .field("small_slack", stats.small_slack_bytes)
       .end_object();
-  json.field("largest_free_range", stats.largest_free_range);
-  json.key("top").begin_array();
+  w.field("largest_free_range", stats.largest_free_range);
+  w.key("top").begin_array();
   for (const TopAllocation& t : top)
-    json.begin_object()
+    w.begin_object()
         .field("site", std::string_view(t.site))
         .field("bytes", t.bytes)
         .field("count", t.count)
         .field("largest", t.largest)
         .end_object();
-  json.end_array().end_object();
-  return json.str() + "\n";
+  w.end_array().end_object();
+  return w.str() + "\n";
 }
 
 std::string memory_summary(const Engine& engine, const std::vector<TopAllocation>& top, bool abbreviated) {

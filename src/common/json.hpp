@@ -1,4 +1,5 @@
-// A tiny JSON writer for the command line tools: objects, arrays, escaped strings, numbers.
+// The one JSON writer (CLI output, analysis reports, snapshots, OOM reports): objects, arrays,
+// escaped strings, numbers.
 //
 //   json::Writer w;
 //   w.begin_object().field("trace", name).field("events", n).end_object();
@@ -14,11 +15,19 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <utility>
+
+#include "common/utf8.hpp"
 
 namespace gmem::json {
 
-// Appends `text` as a JSON string literal (quotes and escapes included).
+// Appends `text` as a JSON string literal (quotes and escapes included). JSON must be UTF-8:
+// invalid sequences (file names, symbols from outside) become U+FFFD.
 inline void append_quoted(std::string& out, std::string_view text) {
+  if (!detail::valid_utf8(text)) {
+    append_quoted(out, detail::to_utf8(text));
+    return;
+  }
   out += '"';
   for (char c : text) {
     switch (c) {
@@ -93,6 +102,7 @@ class Writer {
   }
 
   const std::string& str() const { return out_; }
+  std::string take() { return std::move(out_); }
   void clear() {
     out_.clear();
     first_ = true;

@@ -49,6 +49,11 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
   const detail::RangeNode& fit = arenas_[place.arena]->ranges.node(place.node);
   if (bytes >= kTopDownBytes) place.offset = fit.size - bytes;
   if (unmapped_pages(place.arena, fit.addr + place.offset, bytes) > 0) {
+    // The other end of the same range may be mapped already (cheapest_fit's last choice).
+    const std::size_t other = place.offset == 0 ? fit.size - bytes : 0;
+    if (unmapped_pages(place.arena, fit.addr + other, bytes) == 0) place.offset = other;
+  }
+  if (unmapped_pages(place.arena, fit.addr + place.offset, bytes) > 0) {
     place = cheapest_fit(si, bytes);  // slow path: avoid stitching where a mapped range fits
   }
   detail::RangeAllocator& ranges = arenas_[place.arena]->ranges;
@@ -379,22 +384,17 @@ void Engine::Impl::throw_oom(std::size_t requested, StreamId stream) {
 
 std::size_t Engine::Impl::largest_free_range() const {
   std::size_t best = 0;
-  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const detail::RangeAllocator& ranges = arenas_[a]->ranges;
-    const std::vector<Page>& pages = pages_.arena(a);
-    for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
-      const detail::RangeNode& n = ranges.node(id);
-      if (!n.free) continue;
-      std::size_t run = 0;
-      for (DevicePtr pos = n.addr, end = n.addr + n.size; pos < end;) {
-        const std::size_t i = (pos - ranges.base()) >> page_shift_;
-        const DevicePtr page_end = std::min<DevicePtr>(end, ranges.base() + ((i + 1) << page_shift_));
-        run = pages[i].chunk ? run + (page_end - pos) : 0;
-        best = std::max(best, run);
-        pos = page_end;
-      }
+  for_each_free_range([&](const detail::RangeAllocator& ranges, const std::vector<Page>& pages,
+                          const detail::RangeNode& n) {
+    std::size_t run = 0;
+    for (DevicePtr pos = n.addr, end = n.addr + n.size; pos < end;) {
+      const std::size_t i = (pos - ranges.base()) >> page_shift_;
+      const DevicePtr page_end = std::min<DevicePtr>(end, ranges.base() + ((i + 1) << page_shift_));
+      run = pages[i].chunk ? run + (page_end - pos) : 0;
+      best = std::max(best, run);
+      pos = page_end;
     }
-  }
+  });
   return best;
 }
 

@@ -32,17 +32,12 @@ MemoryStats Engine::Impl::stats() const {
   // Inactive split: free bytes sharing a page with used ranges (large) or a slab with live
   // slots (small); peaks are those seen by stats() calls.
   std::int64_t split_ranges = 0, split_slabs = 0;
-  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const detail::RangeAllocator& ranges = arenas_[a]->ranges;
-    const std::vector<Page>& pages = pages_.arena(a);
-    for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
-      const detail::RangeNode& n = ranges.node(id);
-      if (!n.free) continue;
-      const std::size_t first = (n.addr - ranges.base()) >> page_shift_;
-      const std::size_t last = (n.addr + n.size - 1 - ranges.base()) >> page_shift_;
-      if (pages[first].refs > 0 || pages[last].refs > 0) ++split_ranges;
-    }
-  }
+  for_each_free_range([&](const detail::RangeAllocator& ranges, const std::vector<Page>& pages,
+                          const detail::RangeNode& n) {
+    const std::size_t first = (n.addr - ranges.base()) >> page_shift_;
+    const std::size_t last = (n.addr + n.size - 1 - ranges.base()) >> page_shift_;
+    if (pages[first].refs > 0 || pages[last].refs > 0) ++split_ranges;
+  });
   std::int64_t small_split_bytes = 0;
   for (detail::SlabId id = 0; id < slabs_.slab_count(); ++id) {
     const detail::Slab& slab = slabs_.slab(id);

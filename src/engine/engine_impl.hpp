@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/pointer_map.hpp"
 #include "engine/page_table.hpp"
-#include "engine/pointer_map.hpp"
 #include "engine/range_allocator.hpp"
 #include "engine/slab_allocator.hpp"
 #include "engine/stream_tracker.hpp"
@@ -139,6 +139,19 @@ class Engine::Impl {
   [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
   std::string oom_reason_ = "limit";  // why the last growth failed: "limit" or "device"
   std::size_t largest_free_range() const;
+
+  // Calls visit(ranges, pages, node) for each free range of each arena, in address order.
+  template <class F>
+  void for_each_free_range(F&& visit) const {
+    for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+      const detail::RangeAllocator& ranges = arenas_[a]->ranges;
+      const std::vector<detail::Page>& pages = pages_.arena(a);
+      for (detail::NodeId id = ranges.first(); id != detail::kNoNode; id = ranges.node(id).next) {
+        const detail::RangeNode& n = ranges.node(id);
+        if (n.free) visit(ranges, pages, n);
+      }
+    }
+  }
 };
 
 }  // namespace gmem

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <unordered_map>
 
-#include "tracking/json_out.hpp"
+#include "common/json.hpp"
 
 namespace gmem {
 namespace {
@@ -220,7 +220,7 @@ std::string to_text(const OomReport& r) {
 
 std::string to_json(const OomReport& r) {
   const OomInfo& i = r.info;
-  detail::JsonOut j;
+  json::Writer j;
   j.begin_object();
   j.key("request").begin_object();
   j.field("size", i.requested).field("stream", i.stream).end_object();

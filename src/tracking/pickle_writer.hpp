@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tracking/string_hash.hpp"
-#include "tracking/utf8.hpp"
+#include "common/utf8.hpp"
 
 namespace gmem::detail {
 

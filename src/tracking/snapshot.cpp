@@ -5,8 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "common/json.hpp"
 #include "tracking/interval_set.hpp"
-#include "tracking/json_out.hpp"
 
 namespace gmem {
 namespace {
@@ -148,7 +148,7 @@ Snapshot make_snapshot(const SnapshotInput& input) {
 }
 
 std::string snapshot_json(const Snapshot& s) {
-  detail::JsonOut j;
+  json::Writer j;
   j.begin_object();
   j.field("schema", "gmem.snapshot").field("version", 1);
   j.key("device").begin_object();

@@ -8,10 +8,10 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/pointer_map.hpp"
 #include "tracking/clock.hpp"
 #include "tracking/history_ring.hpp"
 #include "tracking/interval_set.hpp"
-#include "tracking/live_map.hpp"
 #include "tracking/spin_lock.hpp"
 #include "tracking/thread_context.hpp"
 
@@ -283,7 +283,7 @@ class Tracker::Impl {
   TrackerOptions options_;
   mutable detail::SpinLock lock_;
   // --- under lock_ ---
-  detail::LiveMap<Record> live_;
+  detail::PointerMap<Record> live_;
   detail::HistoryRing<RawEvent> ring_;
   std::uint64_t next_id_ = 0;
   std::uint32_t step_ = 0;

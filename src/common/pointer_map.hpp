@@ -1,6 +1,6 @@
-// The tracker's live allocations by address: open addressing with linear probing and
-// backward-shift deletion (as the engine's PointerMap), with the two operations the hot path
-// needs done in one probe each: insert-or-replace, and erase-if-present.
+// Live allocations by pointer, for the engine and the tracker: open addressing with linear
+// probing and backward-shift deletion, so lookups on the hot path touch one or two cache lines
+// and never allocate.
 #pragma once
 
 #include <cstddef>
@@ -10,13 +10,30 @@
 namespace gmem::detail {
 
 template <class Value>
-class LiveMap {
+class PointerMap {
  public:
-  LiveMap() : slots_(1024) {}
+  PointerMap() : slots_(1024) {}
 
   std::size_t size() const noexcept { return size_; }
 
-  // Stores `value` under `key` (nonzero); returns the value it replaced, if any, in `old`.
+  Value* find(std::uintptr_t key) noexcept {
+    for (std::size_t i = index(key);; i = (i + 1) & mask()) {
+      Slot& s = slots_[i];
+      if (s.key == key) return &s.value;
+      if (s.key == 0) return nullptr;
+    }
+  }
+  const Value* find(std::uintptr_t key) const noexcept { return const_cast<PointerMap*>(this)->find(key); }
+
+  // `key` must be nonzero and absent.
+  void insert(std::uintptr_t key, const Value& value) {
+    if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+    place(key, value);
+    ++size_;
+  }
+
+  // Stores `value` under `key` (nonzero) in one probe; true, with the replaced value in `old`,
+  // when `key` was present.
   bool put(std::uintptr_t key, const Value& value, Value& old) {
     if ((size_ + 1) * 4 > slots_.size() * 3) grow();
     std::size_t i = index(key);
@@ -33,14 +50,14 @@ class LiveMap {
     return false;
   }
 
-  // Removes `key` and returns its value in `out`; false when absent.
-  bool take(std::uintptr_t key, Value& out) noexcept {
+  // Removes `key` into `value`; false (and nothing changed) when absent.
+  bool take(std::uintptr_t key, Value& value) noexcept {
     std::size_t i = index(key);
     for (;; i = (i + 1) & mask()) {
       if (slots_[i].key == key) break;
       if (slots_[i].key == 0) return false;
     }
-    out = slots_[i].value;
+    value = slots_[i].value;
     // Backward shift: pull later entries of the probe run into the hole.
     for (std::size_t j = (i + 1) & mask();; j = (j + 1) & mask()) {
       if (slots_[j].key == 0) break;
@@ -55,8 +72,8 @@ class LiveMap {
     return true;
   }
 
-  template <class Visit>
-  void for_each(Visit&& visit) const {
+  template <class F>
+  void for_each(F&& visit) const {
     for (const Slot& s : slots_)
       if (s.key != 0) visit(s.key, s.value);
   }
@@ -71,15 +88,17 @@ class LiveMap {
   std::size_t index(std::uintptr_t key) const noexcept {
     return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ull) >> 20) & mask();
   }
+  void place(std::uintptr_t key, const Value& value) noexcept {
+    std::size_t i = index(key);
+    while (slots_[i].key != 0) i = (i + 1) & mask();
+    slots_[i].key = key;
+    slots_[i].value = value;
+  }
   void grow() {
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
-    for (const Slot& s : old) {
-      if (s.key == 0) continue;
-      std::size_t i = index(s.key);
-      while (slots_[i].key != 0) i = (i + 1) & mask();
-      slots_[i] = s;
-    }
+    for (const Slot& s : old)
+      if (s.key != 0) place(s.key, s.value);
   }
 
   std::vector<Slot> slots_;
