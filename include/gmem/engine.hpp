@@ -24,10 +24,11 @@ struct EngineOptions {
   std::size_t memory_limit = 0;  // bytes gmem may hold; 0 = the device's total memory
   // Reserved memory may grow freely up to the allocated high-water mark times (1 + cache_slack);
   // beyond that, free chunks whose stream work has finished are reused (unmapped and remapped:
-  // stitching) before new ones are created. A small slack keeps reserved memory at what live
-  // blocks need; a larger one (0.125) lets loops whose layout shifts every step (GPT-2's
-  // logits) settle into a steady state with no device calls. false: grow until the limit,
-  // and stitch only then.
+  // stitching) before new ones are created. The default (1/8) lets loops whose layout shifts
+  // every step (GPT-2's logits) settle into a steady state with no device calls; 1/64 keeps
+  // reserved within 2% of the peak but remaps pages every step. Under the memory limit gmem
+  // always stitches rather than fail.
+  // reuse_before_grow = false: no budget, grow until the limit and stitch only then.
   bool reuse_before_grow = true;
   double cache_slack = 1.0 / 8;
   // When stitching within the budget keeps moving pages (a quarter of the high-water mark's
