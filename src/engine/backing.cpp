@@ -49,12 +49,11 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
   const detail::RangeNode& fit = arenas_[place.arena]->ranges.node(place.node);
   if (bytes >= kTopDownBytes) place.offset = fit.size - bytes;
   if (unmapped_pages(place.arena, fit.addr + place.offset, bytes) > 0) {
-    // The other end of the same range may be mapped already (cheapest_fit's last choice).
+    // The other end of the same range may be mapped already (cheapest_fit's last choice);
+    // else the slow path: avoid stitching where some mapped range fits.
     const std::size_t other = place.offset == 0 ? fit.size - bytes : 0;
     if (unmapped_pages(place.arena, fit.addr + other, bytes) == 0) place.offset = other;
-  }
-  if (unmapped_pages(place.arena, fit.addr + place.offset, bytes) > 0) {
-    place = cheapest_fit(si, bytes);  // slow path: avoid stitching where a mapped range fits
+    else place = cheapest_fit(si, bytes);
   }
   detail::RangeAllocator& ranges = arenas_[place.arena]->ranges;
   const NodeId node = ranges.take(place.node, bytes, place.offset);

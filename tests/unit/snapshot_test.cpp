@@ -2,6 +2,7 @@
 // (read back by Python's pickle, compared with a real torch snapshot, and replayed backwards the
 // way memory_viz does).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -27,8 +28,14 @@ constexpr std::size_t kPage = 2 * MiB;
 
 bool have_python() { return std::system("python3 -c pass >/dev/null 2>&1") == 0; }
 
+// ctest runs tests in parallel processes: every file is named after its test and process.
+std::string temp_path(const std::string& name) {
+  const auto* test = testing::UnitTest::GetInstance()->current_test_info();
+  return testing::TempDir() + "gmem_" + test->name() + "_" + std::to_string(::getpid()) + "_" + name;
+}
+
 std::string write_temp(const std::string& name, const std::string& bytes) {
-  const std::string path = testing::TempDir() + name;
+  const std::string path = temp_path(name);
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
@@ -391,7 +398,7 @@ TEST(TakeSnapshot, PickleOpensInMemoryViz) {
   for (bool unmap : {true, false}) {
     Workload w;
     w.run(unmap);
-    const std::string path = testing::TempDir() + "snapshot.pickle";
+    const std::string path = temp_path("snapshot.pickle");
     write_snapshot_pickle(take_snapshot(w.engine, &w.tracker), path);
     EXPECT_EQ(run_python(kVizCheck, path + " " GMEM_TEST_DATA "/tiny_leak.snapshot.pickle " +
                                         (unmap ? "unmap" : "no-unmap")),
@@ -405,7 +412,7 @@ TEST(TakeSnapshot, PickleReadsBackAsATrace) {
   Workload w;
   w.run();
   const Snapshot s = take_snapshot(w.engine, &w.tracker);
-  const std::string path = testing::TempDir() + "snapshot_trace.pickle";
+  const std::string path = temp_path("snapshot_trace.pickle");
   write_snapshot_pickle(s, path);
   const trace::Trace t = trace::read_trace(path);
   std::size_t allocs = 0, frees = 0, maps = 0, unmaps = 0;
