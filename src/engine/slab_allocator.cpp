@@ -36,11 +36,14 @@ bool SlabAllocator::free(SlabId id, DevicePtr ptr) {
   s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
   if (s.used-- == s.capacity) list(c, id);
   if (s.used > 0) return false;
-  unlist(c, id);
   if (c.spare == kNoSlab) {
     c.spare = id;
+    // Alone in the list it stays there; among partial slabs it steps aside, so that they fill
+    // up first (reuse_spare brings it back when they are full).
+    if (c.partial != id || s.next != kNoSlab) unlist(c, id);
     return false;
   }
+  unlist(c, id);
   return true;
 }
 
@@ -55,7 +58,9 @@ void SlabAllocator::remove(SlabId id) {
 std::vector<SlabId> SlabAllocator::take_spares() {
   std::vector<SlabId> spares;
   for (ClassState& c : classes_) {
-    if (c.spare != kNoSlab) spares.push_back(c.spare);
+    if (c.spare == kNoSlab) continue;
+    if (slabs_[c.spare].listed) unlist(c, c.spare);
+    spares.push_back(c.spare);
     c.spare = kNoSlab;
   }
   return spares;
@@ -64,8 +69,7 @@ std::vector<SlabId> SlabAllocator::take_spares() {
 bool SlabAllocator::reuse_spare(ClassState& c) {
   if (c.spare == kNoSlab) return false;
   list(c, c.spare);
-  c.spare = kNoSlab;
-  return true;
+  return true;  // allocate() clears c.spare as it takes the first slot
 }
 
 void SlabAllocator::list(ClassState& c, SlabId id) {

@@ -1,6 +1,7 @@
 // Small blocks: per arena (stream) and size class, slabs of a few equal slots. The fast path
 // pops a free slot from the first slab of the class with room; a slab that empties is kept as
-// the class's one spare, further empty slabs go back to the large allocator. Bookkeeping only:
+// the class's one spare (left listed when it is the class's only slab, so that a malloc/free
+// pair does not relist it), further empty slabs go back to the large allocator. Bookkeeping only:
 // the engine carves and backs the slabs' memory.
 #pragma once
 
@@ -44,7 +45,8 @@ class SlabAllocator {
     Slab& s = slabs_[slab];
     const std::uint32_t slot = s.free_slots.back();
     s.free_slots.pop_back();
-    if (++s.used == s.capacity) unlist(c, slab);
+    if (s.used++ == 0 && c.spare == slab) c.spare = kNoSlab;  // the spare is in use again
+    if (s.used == s.capacity) unlist(c, slab);
     return s.base + slot * s.object_size;
   }
   // Registers a new slab over [base, base + slab bytes) and lists it.
@@ -64,7 +66,7 @@ class SlabAllocator {
  private:
   struct ClassState {
     SlabId partial = kNoSlab;  // slabs with room
-    SlabId spare = kNoSlab;    // an empty slab kept for reuse
+    SlabId spare = kNoSlab;    // an empty slab kept for reuse; listed only when alone
   };
   bool reuse_spare(ClassState& c);
   void list(ClassState& c, SlabId id);
