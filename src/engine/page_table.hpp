@@ -34,7 +34,6 @@ class PageTable {
   const Page& at(PageId id) const { return arenas_[id >> 32][id & 0xffffffffu]; }
   std::vector<Page>& arena(std::uint32_t index) { return arenas_[index]; }
   const std::vector<Page>& arena(std::uint32_t index) const { return arenas_[index]; }
-  std::size_t arenas() const { return arenas_.size(); }
 
   // The cached list: mapped pages with no user, oldest free first.
   void push_cached(PageId id);

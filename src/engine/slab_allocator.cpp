@@ -24,7 +24,6 @@ SlabId SlabAllocator::add(std::uint32_t arena, int cls, DevicePtr base, NodeId n
   s.live = true;
   s.free_slots.clear();
   for (std::uint32_t i = s.capacity; i-- > 0;) s.free_slots.push_back(i);  // slot 0 on top
-  ++live_;
   bytes_ += s.bytes();
   list(classes_[arena * kNumClasses + static_cast<std::size_t>(cls)], id);
   return id;
@@ -50,7 +49,6 @@ bool SlabAllocator::free(SlabId id, DevicePtr ptr) {
 void SlabAllocator::remove(SlabId id) {
   Slab& s = slabs_[id];
   s.live = false;
-  --live_;
   bytes_ -= s.bytes();
   recycled_.push_back(id);
 }

@@ -60,7 +60,6 @@ class SlabAllocator {
 
   const Slab& slab(SlabId id) const { return slabs_[id]; }
   std::size_t slab_count() const { return slabs_.size(); }
-  std::size_t live_slabs() const { return live_; }
   std::size_t bytes() const { return bytes_; }
 
  private:
@@ -75,7 +74,6 @@ class SlabAllocator {
   std::vector<Slab> slabs_;
   std::vector<SlabId> recycled_;
   std::vector<ClassState> classes_;
-  std::size_t live_ = 0;
   std::size_t bytes_ = 0;
 };
 
