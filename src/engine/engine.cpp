@@ -60,8 +60,7 @@ Engine::Impl::~Impl() {
   }
 }
 
-std::uint32_t Engine::Impl::stream_index(StreamId stream) {
-  if (stream == last_stream_ && !stream_index_.empty()) return last_stream_index_;
+std::uint32_t Engine::Impl::lookup_stream(StreamId stream) {
   std::uint32_t index = ~0u;
   for (const auto& [s, i] : stream_index_)
     if (s == stream) index = i;
@@ -82,8 +81,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
                                             "): larger than any device (a negative size cast?)");
   std::lock_guard lock(mutex_);
   if (!pending_.empty()) process_pending(false);
-  const std::uint32_t si =
-      stream == last_stream_ && !stream_index_.empty() ? last_stream_index_ : stream_index(stream);
+  const std::uint32_t si = stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   allocating_ = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current) + rounded;
   return rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, stream)

@@ -100,7 +100,12 @@ class Engine::Impl {
   mutable PoolStats split_bytes_{}, split_counts_{};  // inactive split, as seen by stats()
 
   // engine.cpp
-  std::uint32_t stream_index(StreamId stream);
+  // The stream's index; the last one used is answered inline (one stream per thread is usual).
+  std::uint32_t stream_index(StreamId stream) {
+    if (stream == last_stream_ && !stream_index_.empty()) return last_stream_index_;
+    return lookup_stream(stream);
+  }
+  std::uint32_t lookup_stream(StreamId stream);  // registers a new stream
   void* malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si, StreamId stream);
   void* malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si, StreamId stream);
   void count_malloc(const detail::Record& record);
