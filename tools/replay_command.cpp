@@ -1,5 +1,4 @@
 // gmem replay: how much memory gmem needs for a real trace, next to what PyTorch's allocator took.
-#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -86,12 +85,8 @@ int replay_command(const Args& args) {
     } else if (a.starts_with("--capacity=")) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
     } else if (a == "--cache-slack") {
-      const std::string value = option_value(args, i);
-      char* end = nullptr;
-      options.engine.cache_slack = std::strtod(value.c_str(), &end);
+      options.engine.cache_slack = parse_cache_slack(option_value(args, i), "--cache-slack");
       options.engine.adaptive_slack = false;  // the slack asked for, as it is
-      if (end == value.c_str() || *end != '\0' || options.engine.cache_slack < 0)
-        throw UsageError("--cache-slack wants a fraction such as 0.125, got " + value);
     } else if (a.starts_with("-") && a != "-") {
       throw UsageError("replay: unknown option " + a + " (see gmem help replay)");
     } else {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "gmem/device.hpp"
 #include "gmem/error.hpp"
@@ -36,6 +37,10 @@ struct EngineOptions {
   bool adaptive_slack = true;
   std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = 2x device total
 };
+
+// Reads a cache_slack from text ("0.125"; GMEM_CACHE_SLACK, gmem replay --cache-slack);
+// throws Error(invalid_argument) naming `what` unless it is a number in [0, 16].
+double parse_cache_slack(const std::string& text, const std::string& what);
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).
 struct BlockInfo {

@@ -184,12 +184,7 @@ class Registry {
   // GMEM_CACHE_SLACK: a fixed EngineOptions::cache_slack (e.g. 0.015625: memory first).
   static void apply_environment(EngineOptions& options) {
     if (const char* slack = std::getenv("GMEM_CACHE_SLACK")) {
-      char* end = nullptr;
-      const double value = std::strtod(slack, &end);
-      if (end == slack || *end != '\0' || !(value >= 0.0 && value <= 16.0))
-        throw Error(Errc::invalid_argument, std::string("GMEM_CACHE_SLACK=") + slack +
-                                                ": expected a fraction such as 0.125");
-      options.cache_slack = value;
+      options.cache_slack = parse_cache_slack(slack, "GMEM_CACHE_SLACK");
       options.adaptive_slack = false;
     }
   }

@@ -1,6 +1,7 @@
 // The engine's hot paths (malloc, free) and its public face. Slow paths live in backing.cpp.
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <string>
 
 #include "engine/engine_impl.hpp"
@@ -290,6 +291,15 @@ void Engine::Impl::reset_accumulated_stats() {
 }
 
 // --- the public face ---------------------------------------------------------------------------
+
+double parse_cache_slack(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(value >= 0.0 && value <= 16.0))
+    throw Error(Errc::invalid_argument,
+                what + "=" + text + ": expected a fraction of the high-water mark such as 0.125");
+  return value;
+}
 
 Engine::Engine(Device& device, EngineOptions options)
     : impl_(std::make_unique<Impl>(device, options)) {}

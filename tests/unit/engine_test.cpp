@@ -244,6 +244,20 @@ TEST(Engine, LimitsTrimCachedMemoryAndRejectBadFractions) {
   engine.check_invariants();
 }
 
+TEST(Engine, CacheSlackIsReadStrictly) {
+  EXPECT_DOUBLE_EQ(parse_cache_slack("0.125", "GMEM_CACHE_SLACK"), 0.125);
+  EXPECT_DOUBLE_EQ(parse_cache_slack("0", "GMEM_CACHE_SLACK"), 0.0);
+  for (const char* bad : {"", "x", "0.1x", "-1", "17", "nan"}) {
+    try {
+      parse_cache_slack(bad, "GMEM_CACHE_SLACK");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("GMEM_CACHE_SLACK="), std::string::npos);
+    }
+  }
+}
+
 TEST(Engine, ResetPeakStats) {
   SimulatedDevice device;
   Engine engine(device);
