@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/python_frames.hpp"
 #include "gmem/error.hpp"
 #include "trace/formats.hpp"
 #include "trace/frame_table.hpp"
@@ -12,14 +13,6 @@ namespace gmem::trace::detail {
 
 namespace {
 using pickle::Value;
-
-// Python source outside torch and installed packages: the user's own code.
-bool is_user_file(std::string_view file) {
-  const bool python = file.ends_with(".py") || file.starts_with("<");  // not a C++ frame
-  return python && file.find("site-packages/") == std::string_view::npos &&
-         file.find("dist-packages/") == std::string_view::npos &&
-         file.find("/torch/") == std::string_view::npos && !file.starts_with("torch/");
-}
 
 // "…/site-packages/transformers/x.py" -> "transformers/x.py"; empty when not such a library.
 std::string_view library_path(std::string_view file) {
@@ -99,7 +92,7 @@ class Converter {
       const Value* file = frame.get("filename");
       if (!file || !file->is_string()) fail("a frame without a 'filename'");
       const std::string& path = file->as_string();
-      const bool user = e.user_frame == 0 && is_user_file(path);
+      const bool user = e.user_frame == 0 && gmem::detail::is_user_python_file(path);
       const std::string_view lib = e.lib_frame == 0 ? library_path(path) : std::string_view{};
       if (!user && lib.empty()) continue;
       const Value* line = frame.get("line");

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "common/pointer_map.hpp"
+#include "common/python_frames.hpp"
 #include "tracking/clock.hpp"
 #include "tracking/history_ring.hpp"
 #include "tracking/interval_set.hpp"
@@ -61,17 +62,6 @@ const char* event_kind_name(EventKind kind) noexcept {
 
 namespace {
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Python code of the program itself, not of torch or an installed package.
-bool is_user_python(const Frame& f) {
-  return ends_with(f.filename, ".py") && f.filename.find("site-packages/") == std::string::npos &&
-         f.filename.find("dist-packages/") == std::string::npos &&
-         f.filename.find("/torch/") == std::string::npos;
-}
-
 std::string frame_text(const Frame& f) {
   return f.filename.empty() && f.line == 0 ? f.name
                                            : f.filename + ':' + std::to_string(f.line) + ':' + f.name;
@@ -83,7 +73,7 @@ std::string site_of(ScopeId scope, FramesId frames_id) {
   if (frames_id != 0) {
     const std::vector<Frame> stack = frames::get(frames_id);
     for (const Frame& f : stack)
-      if (is_user_python(f)) return frame_text(f);
+      if (detail::is_user_python_file(f.filename)) return frame_text(f);
     if (!stack.empty()) return frame_text(stack.front());
   }
   if (scope != 0) return scopes::path(scope);
