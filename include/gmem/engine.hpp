@@ -51,15 +51,7 @@ struct BlockInfo {
   bool small = false;
 };
 
-// Told about the engine's slow-path events (device calls, OOMs), for tracking and history.
-// Called under the engine's lock: keep it short and never call back into the engine.
-class EngineListener {
- public:
-  virtual ~EngineListener() = default;
-  virtual void on_map(DevicePtr /*va*/, std::size_t /*bytes*/) {}
-  virtual void on_unmap(DevicePtr /*va*/, std::size_t /*bytes*/) {}
-  virtual void on_oom(const OomInfo& /*info*/) {}
-};
+class Tracker;  // gmem/tracker.hpp
 
 class Engine final : public MemoryResource {
  public:
@@ -96,10 +88,9 @@ class Engine final : public MemoryResource {
   void check_invariants() const;
 
   Device& device() const;
-  // At most one listener; nullptr removes it. The listener must outlive its registration.
-  void set_listener(EngineListener* listener);
 
  private:
+  friend class Tracker;  // records into the engine's own block records, under its lock
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

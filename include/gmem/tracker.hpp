@@ -1,13 +1,10 @@
 // In-process tracking: who holds device memory, and what happened to it lately.
 //
-//   Tracker: opt-in. Keeps every live allocation (id, size, stream, time, step, scope, call site)
-//   and a bounded history of events (alloc, free, map, unmap, oom, step, annotation). Told about
-//   allocations by the caller (on_malloc / on_free) and about the engine's slow path as its
-//   EngineListener. Cheap enough to leave on while training: the hot path is one hash insert or
-//   erase and one ring-buffer store under a spin lock, plus one TSC read.
-//
-//   TrackingResource: an adaptor (after RMM's tracking_resource_adaptor) that allocates from an
-//   Engine and reports to a Tracker.
+//   Tracker: opt-in, attached to one Engine. Keeps, for every live allocation, its id, size,
+//   stream, time, step, scope and call site, and a bounded history of events (alloc, free, map,
+//   unmap, oom, step, annotation). Cheap enough to leave on while training: the engine records
+//   into its own block records and an event ring under the lock it holds anyway (see
+//   src/tracking/tracking_log.hpp), adding a few stores to a malloc+free.
 //
 //   Call sites: each thread has a "current frames" value the Python layer sets (its Python stack),
 //   or, with capture_backtrace, the tracker takes a C++ backtrace per allocation (slow: ~1 us).
@@ -73,7 +70,8 @@ struct LiveAllocation {
   std::size_t size = 0;         // as handed out (rounded)
   std::size_t requested = 0;    // as asked for
   StreamId stream = 0;
-  std::int64_t time_ns = 0;     // wall clock, ns since the Unix epoch
+  std::int64_t time_ns = 0;     // wall clock, ns since the Unix epoch; read every 64 mallocs
+                                // (and at steps and maps), so exact to within those
   std::uint64_t step = 0;       // the tracker's step counter when allocated
   ScopeId scope = 0;
   FramesId frames = 0;
@@ -97,11 +95,11 @@ struct HistoryEvent {
 struct TrackerState {
   std::vector<LiveAllocation> live;                          // by address
   std::vector<HistoryEvent> history;                         // oldest first
-  std::vector<std::pair<std::uintptr_t, std::size_t>> mapped;  // mapped ranges it saw, by address
+  std::vector<std::pair<std::uintptr_t, std::size_t>> mapped;  // the engine's mapped ranges, by address
   std::uint64_t step = 0;
-  std::uint64_t allocations = 0;     // on_malloc calls so far
+  std::uint64_t allocations = 0;     // allocations tracked so far
   std::uint64_t dropped_events = 0;  // history events overwritten by newer ones
-  std::uint64_t untracked_frees = 0; // frees of pointers it never saw allocated
+  std::uint64_t untracked_frees = 0; // frees of blocks allocated before tracking began
   std::optional<OomInfo> last_oom;
 };
 
@@ -112,27 +110,23 @@ struct UsageGroup {
   std::size_t count = 0;
 };
 
-class Tracker final : public EngineListener {
+class Tracker final {
  public:
-  explicit Tracker(TrackerOptions options = {});
-  ~Tracker() override;
+  // Starts tracking `engine`'s allocations from now on; blocks already live are not tracked.
+  // The engine must outlive the tracker. Throws Error(invalid_argument) when another tracker is
+  // attached to it.
+  explicit Tracker(Engine& engine, TrackerOptions options = {});
+  ~Tracker();  // detaches
   Tracker(const Tracker&) = delete;
   Tracker& operator=(const Tracker&) = delete;
 
-  // `ptr` was just handed out. A pointer already live (its free was missed) is replaced.
-  void on_malloc(void* ptr, std::size_t size, std::size_t requested, StreamId stream);
-  // `ptr` is about to be freed: call before the free, so that a concurrent malloc reusing the
-  // address is always recorded after it. Unknown pointers are counted and otherwise ignored.
-  void on_free(void* ptr);
+  // Stops tracking. The history stays readable; no allocation is live any more to the tracker.
+  void detach();
   // A training step ends: the step counter advances and leak detection takes its sample.
   void step();
   void annotate(std::string_view text);
 
-  // EngineListener: the engine's slow path, recorded in the history.
-  void on_map(DevicePtr va, std::size_t bytes) override;
-  void on_unmap(DevicePtr va, std::size_t bytes) override;
-  void on_oom(const OomInfo& info) override;
-
+  Engine& engine() const noexcept;
   const TrackerOptions& options() const noexcept;
   std::uint64_t current_step() const;
   std::size_t live_count() const;
@@ -155,27 +149,5 @@ class Tracker final : public EngineListener {
 // code ("train.py:42:forward", not torch's or an installed package's), else its innermost frame,
 // else its scope path, else "<unknown>".
 std::string site_of(ScopeId scope, FramesId frames);
-
-// --- the adaptor ---------------------------------------------------------------------------------
-
-// Allocates from `engine` and reports to `tracker`, which it makes the engine's listener for its
-// lifetime. Both must outlive it.
-class TrackingResource final : public MemoryResource {
- public:
-  TrackingResource(Engine& engine, Tracker& tracker);
-  ~TrackingResource() override;
-  TrackingResource(const TrackingResource&) = delete;
-  TrackingResource& operator=(const TrackingResource&) = delete;
-
-  void* allocate(std::size_t bytes, StreamId stream = 0) override;
-  void deallocate(void* ptr) override;
-
-  Engine& engine() const noexcept { return engine_; }
-  Tracker& tracker() const noexcept { return tracker_; }
-
- private:
-  Engine& engine_;
-  Tracker& tracker_;
-};
 
 }  // namespace gmem

@@ -125,7 +125,7 @@ gmem_status_t gmem_malloc(void** ptr, size_t size, int device, uintptr_t stream)
 
 gmem_status_t gmem_free(void* ptr) {
   if (ptr == nullptr) return GMEM_OK;  // like free(NULL)
-  return guarded("gmem_free", [&] { gmem::capi::observed_free(owner_of(ptr), ptr); });
+  return guarded("gmem_free", [&] { owner_of(ptr).engine->free(ptr); });
 }
 
 gmem_status_t gmem_record_stream(void* ptr, uintptr_t stream) {

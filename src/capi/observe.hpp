@@ -1,6 +1,6 @@
 // The C API's observability (include/gmem/gmem_observe.h, implemented in observe_c.cpp): what
-// gmem_c.cpp calls to route allocations through a device's tracker, and the two helpers of
-// gmem_c.cpp that observe_c.cpp shares.
+// gmem_c.cpp calls to report OOMs and summarise by scope, and the two helpers of gmem_c.cpp that
+// observe_c.cpp shares.
 #pragma once
 
 #include <cstddef>
@@ -14,11 +14,10 @@
 
 namespace gmem::capi {
 
-// The engine's malloc and free, reported to the device's tracker when tracking is on. A failed
+// The engine's malloc (which records into the device's tracker when tracking is on). A failed
 // malloc leaves its OOM report (gmem_oom_report_text) and, unless GMEM_OOM_REPORT=0, throws
 // with the report appended to the message.
 void* observed_malloc(DeviceContext& context, std::size_t size, StreamId stream);
-void observed_free(DeviceContext& context, void* ptr);
 
 // For memory summaries: live memory by scope when allocations carry scopes, else by call site;
 // empty when the device is not tracked.

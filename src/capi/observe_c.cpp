@@ -18,14 +18,15 @@
 namespace gmem::capi {
 namespace {
 
-// The context's tracker slot, read on every malloc and free while another thread may switch
-// tracking on or off: always through atomic_ref.
+// The context's tracker slot, read by queries while another thread may switch tracking on or
+// off: always through atomic_ref. (Mallocs and frees do not read it: the engine records into
+// the attached tracker itself.)
 std::atomic_ref<Tracker*> slot(DeviceContext& context) {
   return std::atomic_ref<Tracker*>(context.tracker);
 }
 
-// Trackers are never destroyed: a thread may still be inside on_malloc of one that tracking has
-// just been switched away from. (Each enable after a disable makes a new one.)
+// Trackers are never destroyed: a thread may still be reading one that tracking has just been
+// switched away from. (Each enable after a disable makes a new one.)
 struct Observers {
   std::mutex mutex;
   std::vector<std::unique_ptr<Tracker>> trackers;
@@ -87,16 +88,7 @@ std::string oom_report(int device, bool json) {
 
 void* observed_malloc(DeviceContext& context, std::size_t size, StreamId stream) {
   try {
-    void* ptr = context.engine->malloc(size, stream);
-    if (Tracker* tracker = slot(context).load(std::memory_order_acquire)) {
-      try {
-        tracker->on_malloc(ptr, (size + kAlignment - 1) / kAlignment * kAlignment, size, stream);
-      } catch (...) {  // host memory exhausted in the tracker: do not leak the block
-        context.engine->free(ptr);
-        throw;
-      }
-    }
-    return ptr;
+    return context.engine->malloc(size, stream);
   } catch (const OutOfMemoryError& e) {
     OomReport report = report_for(context, e.info());
     const std::string tail = report_tail(report);
@@ -109,12 +101,6 @@ void* observed_malloc(DeviceContext& context, std::size_t size, StreamId stream)
     if (!append_report_to_error()) throw;
     throw Error(Errc::out_of_memory, std::string(e.what()) + "\n" + tail);
   }
-}
-
-void observed_free(DeviceContext& context, void* ptr) {
-  // The tracker first: a malloc on another thread that reuses the address comes after it.
-  if (Tracker* tracker = slot(context).load(std::memory_order_acquire)) tracker->on_free(ptr);
-  context.engine->free(ptr);
 }
 
 std::vector<TopAllocation> tracked_top(DeviceContext& context, std::size_t n) {
@@ -145,10 +131,8 @@ gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int capt
     gmem::TrackerOptions options;
     if (history_capacity != 0) options.history_capacity = history_capacity;
     options.capture_backtrace = capture_backtrace != 0;
-    o.trackers.push_back(std::make_unique<gmem::Tracker>(options));
-    gmem::Tracker* tracker = o.trackers.back().get();
-    context.engine->set_listener(tracker);
-    gmem::capi::slot(context).store(tracker, std::memory_order_release);
+    o.trackers.push_back(std::make_unique<gmem::Tracker>(*context.engine, options));
+    gmem::capi::slot(context).store(o.trackers.back().get(), std::memory_order_release);
   });
 }
 
@@ -156,8 +140,8 @@ gmem_status_t gmem_tracking_disable(int device) {
   return run_guarded("gmem_tracking_disable", [&] {
     gmem::capi::DeviceContext& context = gmem::capi::context(device);
     std::lock_guard lock(gmem::capi::observers().mutex);
+    if (gmem::Tracker* tracker = gmem::capi::slot(context).load()) tracker->detach();
     gmem::capi::slot(context).store(nullptr, std::memory_order_release);
-    context.engine->set_listener(nullptr);
   });
 }
 

@@ -77,6 +77,11 @@ class PointerMap {
     for (const Slot& s : slots_)
       if (s.key != 0) visit(s.key, s.value);
   }
+  template <class F>
+  void for_each_mutable(F&& visit) {
+    for (Slot& s : slots_)
+      if (s.key != 0) visit(s.key, s.value);
+  }
 
  private:
   struct Slot {

@@ -195,7 +195,7 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
       const DevicePtr va = base + (need[k] << page_shift_);
       const std::size_t len = (end - k) << page_shift_;
       device_.set_access(va, len);
-      if (listener_) listener_->on_map(va, len);
+      if (log_) log_->on_map(va, len);
       k = end;
     }
   } catch (...) {
@@ -304,7 +304,7 @@ void Engine::Impl::unmap_page(PageId id) {
   pages_.at(id).chunk = 0;
   pages_.add_mapped(-1);
   ++stats_.num_unmaps;
-  if (listener_) listener_->on_unmap(va, granularity_);
+  if (log_) log_->on_unmap(va, granularity_);
 }
 
 void Engine::Impl::release_chunk(ChunkHandle chunk) {
@@ -377,8 +377,23 @@ void Engine::Impl::throw_oom(std::size_t requested, StreamId stream) {
   info.reclaimable = (pages_.cached() + spare_chunks_.size()) * granularity_;
   info.reason = oom_reason_;
   ++stats_.num_ooms;
-  if (listener_) listener_->on_oom(info);
+  if (log_) log_->on_oom(info);
   throw OutOfMemoryError(std::move(info));
+}
+
+std::vector<std::pair<DevicePtr, DevicePtr>> Engine::Impl::mapped_ranges() const {
+  std::vector<std::pair<DevicePtr, DevicePtr>> out;
+  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+    const std::vector<Page>& pages = pages_.arena(a);
+    const DevicePtr base = arenas_[a]->ranges.base();
+    for (std::size_t i = 0; i < pages.size(); ++i) {
+      if (!pages[i].chunk) continue;
+      const DevicePtr begin = base + (i << page_shift_);
+      if (!out.empty() && out.back().second == begin) out.back().second += granularity_;
+      else out.emplace_back(begin, begin + granularity_);
+    }
+  }
+  return out;
 }
 
 std::size_t Engine::Impl::largest_free_range() const {

@@ -81,16 +81,23 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
     throw Error(Errc::invalid_argument, "malloc(" + std::to_string(size) +
                                             "): larger than any device (a negative size cast?)");
   std::lock_guard lock(mutex_);
+  Record record{0, size, stream, 0, 0, false, false, false, {}};
+  if (log_) record.tag = log_->start_alloc();
   if (!pending_.empty()) process_pending(false);
   const std::uint32_t si = stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
+  record.size = rounded;
   allocating_ = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current) + rounded;
-  return rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, stream)
-                                       : malloc_range(size, rounded, si, stream);
+  const DevicePtr ptr = rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, record)
+                                                      : malloc_range(size, rounded, si, record);
+  if (log_) log_->on_alloc(ptr, rounded, stream, record.tag);
+  live_.insert(ptr, record);
+  count_malloc(record);
+  return reinterpret_cast<void*>(ptr);
 }
 
-void* Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
-                                StreamId stream) {
+DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
+                                    Record& record) {
   const int cls = detail::size_class(rounded);
   detail::SlabId slab = detail::kNoSlab;
   DevicePtr ptr = 0;
@@ -109,14 +116,14 @@ void* Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint
     move_reserved_to_small(static_cast<std::int64_t>(bytes));
     ptr = slabs_.allocate(a, cls, slab);
   }
-  const Record record{rounded, size, stream, arena, slab, true, true, false};
-  live_.insert(ptr, record);
-  count_malloc(record);
-  return reinterpret_cast<void*>(ptr);
+  record.arena = arena;
+  record.id = slab;
+  record.small = record.in_slab = true;
+  return ptr;
 }
 
-void* Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
-                                 StreamId stream) {
+DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
+                                     Record& record) {
   const auto [arena, node] = take_range(si, rounded, size);
   const DevicePtr ptr = arenas_[arena]->ranges.node(node).addr;
   const bool small = rounded <= kSmallLimit;
@@ -125,10 +132,10 @@ void* Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std::uin
     small_range_bytes_ += rounded;
     move_reserved_to_small(static_cast<std::int64_t>(rounded));
   }
-  const Record record{rounded, size, stream, arena, node, small, false, false};
-  live_.insert(ptr, record);
-  count_malloc(record);
-  return reinterpret_cast<void*>(ptr);
+  record.arena = arena;
+  record.id = node;
+  record.small = small;
+  return ptr;
 }
 
 void Engine::Impl::count_malloc(const Record& record) {
@@ -163,6 +170,7 @@ void Engine::Impl::move_reserved_to_small(std::int64_t bytes) {
 void Engine::Impl::free(void* p) {
   const auto ptr = reinterpret_cast<DevicePtr>(p);
   std::lock_guard lock(mutex_);
+  const FramesId site = log_ && log_->logs_frees() ? log_->call_site() : 0;
   Record record;
   if (!live_.take(ptr, record)) throw_bad_free(ptr);
   if (record.shared) {
@@ -173,6 +181,7 @@ void Engine::Impl::free(void* p) {
       throw;
     }
   }
+  if (log_) log_->on_free(ptr, record.size, record.stream, record.tag, site);
   const auto r = static_cast<std::int64_t>(record.size);
   const auto q = static_cast<std::int64_t>(record.requested);
   const int pool = record.small ? kSmallPool : kLargePool;
@@ -325,10 +334,6 @@ void Engine::reset_accumulated_stats() { impl_->reset_accumulated_stats(); }
 MemoryStats Engine::stats() const { return impl_->stats(); }
 void Engine::check_invariants() const { impl_->check_invariants(); }
 Device& Engine::device() const { return impl_->device_; }
-void Engine::set_listener(EngineListener* listener) {
-  std::lock_guard lock(impl_->mutex_);
-  impl_->listener_ = listener;
-}
 
 BlockInfo Engine::block_info(const void* ptr) const {
   std::lock_guard lock(impl_->mutex_);

@@ -13,6 +13,7 @@
 #include "engine/slab_allocator.hpp"
 #include "engine/stream_tracker.hpp"
 #include "gmem/engine.hpp"
+#include "tracking/tracking_log.hpp"
 
 namespace gmem {
 
@@ -28,6 +29,7 @@ struct Record {
   bool small = false;         // the small pool (<= 1 MiB), as PyTorch counts it
   bool in_slab = false;
   bool shared = false;        // record_stream() added streams
+  AllocTag tag;               // set while a tracker is attached
 };
 
 // One virtual address reservation, used by one stream.
@@ -69,7 +71,7 @@ class Engine::Impl {
   std::size_t device_total_;
   std::size_t limit_;
   std::size_t arena_size_;
-  EngineListener* listener_ = nullptr;
+  detail::TrackingLog* log_ = nullptr;  // the attached tracker's, if any
   mutable std::mutex mutex_;
 
   detail::StreamTracker streams_;
@@ -106,8 +108,11 @@ class Engine::Impl {
     return lookup_stream(stream);
   }
   std::uint32_t lookup_stream(StreamId stream);  // registers a new stream
-  void* malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si, StreamId stream);
-  void* malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si, StreamId stream);
+  // Take the memory for a block and fill in its record (all but the tag).
+  DevicePtr malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
+                        detail::Record& record);
+  DevicePtr malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
+                         detail::Record& record);
   void count_malloc(const detail::Record& record);
   void move_reserved_to_small(std::int64_t bytes);  // negative: back to the large pool
   void release_record(DevicePtr ptr, const detail::Record& record);
@@ -144,6 +149,8 @@ class Engine::Impl {
   [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
   std::string oom_reason_ = "limit";  // why the last growth failed: "limit" or "device"
   std::size_t largest_free_range() const;
+  // What is mapped now, as [begin, end) ranges by address (adjacent pages merged).
+  std::vector<std::pair<DevicePtr, DevicePtr>> mapped_ranges() const;
 
   // Calls visit(ranges, pages, node) for each free range of each arena, in address order.
   template <class F>

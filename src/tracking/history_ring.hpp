@@ -4,42 +4,48 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 namespace gmem::detail {
 
 template <class Event>
 class HistoryRing {
  public:
-  explicit HistoryRing(std::size_t capacity) : events_(capacity) {}
+  explicit HistoryRing(std::size_t capacity)
+      : events_(capacity ? std::make_unique<Event[]>(capacity) : nullptr), capacity_(capacity) {}
 
-  std::size_t capacity() const noexcept { return events_.size(); }
-  std::size_t size() const noexcept { return size_; }
-  std::uint64_t dropped() const noexcept { return dropped_; }
-
-  void push(const Event& event) noexcept {
-    if (events_.empty()) return;
-    events_[head_] = event;
-    if (++head_ == events_.size()) head_ = 0;
-    if (size_ < events_.size()) ++size_;
-    else ++dropped_;
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::size_t size() const noexcept {
+    return pushed_ < capacity_ ? static_cast<std::size_t>(pushed_) : capacity_;
   }
+  std::uint64_t dropped() const noexcept { return pushed_ - size(); }
+
+  // On the engine's hot path: a store and two counters.
+  void push(const Event& event) noexcept {
+    if (capacity_ == 0) return;
+    events_[head_] = event;
+    if (++head_ == capacity_) head_ = 0;
+    ++pushed_;
+  }
+
+  void clear() noexcept { head_ = 0, pushed_ = 0; }
 
   // Oldest first.
   template <class Visit>
   void for_each(Visit&& visit) const {
-    std::size_t i = size_ < events_.size() ? 0 : head_;
-    for (std::size_t n = 0; n < size_; ++n) {
+    const std::size_t n = size();
+    std::size_t i = n < capacity_ ? 0 : head_;
+    for (std::size_t k = 0; k < n; ++k) {
       visit(events_[i]);
-      if (++i == events_.size()) i = 0;
+      if (++i == capacity_) i = 0;
     }
   }
 
  private:
-  std::vector<Event> events_;
-  std::size_t head_ = 0;
-  std::size_t size_ = 0;
-  std::uint64_t dropped_ = 0;
+  std::unique_ptr<Event[]> events_;  // not a vector: its size() divides on every push
+  std::size_t capacity_;
+  std::size_t head_ = 0;      // where the next event goes
+  std::uint64_t pushed_ = 0;  // events ever pushed
 };
 
 }  // namespace gmem::detail

@@ -16,8 +16,7 @@ Snapshot take_snapshot(Engine& engine, const Tracker* tracker) {
   input.memory_limit = engine.memory_limit();
   input.stats = engine.stats();
   // The engine's blocks first, then the tracker's state: the tracker's history then covers
-  // every change made after the blocks were listed (the engine calls the tracker under its own
-  // lock, so the two locks are never taken the other way round here).
+  // every change made after the blocks were listed.
   engine.for_each_block([&](const BlockInfo& b) { input.blocks.push_back(b); });
   TrackerState state;
   if (tracker != nullptr) {

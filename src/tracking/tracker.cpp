@@ -1,6 +1,6 @@
-// The tracker: live allocations in an open-addressing map, events in a ring, both under one spin
-// lock held for a few nanoseconds. Everything that formats strings (reading state, leak
-// detection) copies what it needs under the lock and works outside it.
+// The tracker: its log lives in the engine (tracking_log.hpp) and is read under the engine's lock.
+// Everything that formats strings (reading state, leak detection) copies what it needs under the
+// lock and works outside it.
 #include "gmem/tracker.hpp"
 
 #include <algorithm>
@@ -8,45 +8,12 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "common/pointer_map.hpp"
 #include "common/python_frames.hpp"
+#include "engine/engine_impl.hpp"
 #include "tracking/clock.hpp"
-#include "tracking/history_ring.hpp"
-#include "tracking/interval_set.hpp"
-#include "tracking/spin_lock.hpp"
-#include "tracking/thread_context.hpp"
+#include "tracking/tracking_log.hpp"
 
 namespace gmem {
-namespace {
-
-// One cache line with its key in the map.
-struct Record {
-  std::uint64_t id;
-  std::uint64_t size;
-  std::uint64_t requested;
-  StreamId stream;
-  std::uint64_t tick;
-  std::uint32_t step;
-  ScopeId scope;
-  FramesId frames;
-};
-
-struct RawEvent {
-  std::uint64_t tick;
-  std::uintptr_t addr;  // oom: the device's free memory
-  std::uint64_t size;
-  StreamId stream;
-  std::uint64_t id;     // alloc, free: allocation id; annotation, oom: note number
-  std::uint32_t step;
-  ScopeId scope;
-  FramesId frames;
-  EventKind kind;
-};
-
-constexpr std::size_t kMaxNotes = 4096;  // annotation texts and OOM reasons kept
-
-}  // namespace
-
 const char* event_kind_name(EventKind kind) noexcept {
   switch (kind) {
     case EventKind::alloc: return "alloc";
@@ -82,153 +49,122 @@ std::string site_of(ScopeId scope, FramesId frames_id) {
 
 class Tracker::Impl {
  public:
-  explicit Impl(TrackerOptions options) : options_(options), ring_(options.history_capacity) {
+  Impl(Engine::Impl& engine, Engine& owner, TrackerOptions options)
+      : engine_(engine), owner_(owner), options_(options),
+        log_(options, [](int skip, int depth) { return frames::capture_backtrace(skip, depth); }) {
     detail::tick_origin();
+    std::lock_guard lock(engine_.mutex_);
+    if (engine_.log_ != nullptr)
+      throw Error(Errc::invalid_argument, "this engine already has a tracker attached");
+    // Tags left by an earlier tracker are not ours: those blocks count as untracked.
+    engine_.live_.for_each_mutable([](std::uintptr_t, detail::Record& r) { r.tag = {}; });
+    for (const auto& [begin, end] : engine_.mapped_ranges()) log_.on_map(begin, end - begin);
+    log_.ring_.clear();  // the maps made before attaching are state, not history
+    engine_.log_ = &log_;
+    attached_ = true;
   }
 
-  FramesId call_site(const detail::ThreadContext& thread) const {
-    // Skip nothing here: how many of gmem's own frames sit on top depends on inlining, and
-    // symbolising drops them by name anyway (frames.cpp).
-    return options_.capture_backtrace ? frames::capture_backtrace(0, options_.backtrace_depth + 4)
-                                      : thread.frames;
+  void detach() {
+    std::lock_guard lock(engine_.mutex_);
+    if (!attached_) return;
+    engine_.log_ = nullptr;
+    attached_ = false;
   }
 
-  void on_malloc(std::uintptr_t key, std::size_t size, std::size_t requested, StreamId stream) {
-    const detail::ThreadContext thread = detail::thread_context();
-    const ScopeId scope = thread.scope;
-    const FramesId site = call_site(thread);
-    const std::uint64_t tick = detail::ticks();
-    std::lock_guard lock(lock_);
-    const Record record{++next_id_, size, requested, stream, tick, step_, scope, site};
-    Record old;
-    if (live_.put(key, record, old)) live_bytes_ -= old.size;  // its free was missed
-    live_bytes_ += size;
-    ring_.push(RawEvent{tick, key, size, stream, record.id, step_, scope, site, EventKind::alloc});
-  }
-
-  void on_free(std::uintptr_t key) {
-    const bool logged = ring_.capacity() != 0;  // only the history needs the free's time and site
-    const FramesId site = logged ? call_site(detail::thread_context()) : 0;
-    const std::uint64_t tick = logged ? detail::ticks() : 0;
-    std::lock_guard lock(lock_);
-    Record record;
-    if (!live_.take(key, record)) {
-      ++untracked_frees_;
-      return;
-    }
-    live_bytes_ -= record.size;
-    if (record.id <= fed_watermark_) fed_frees_.push_back(key);
-    ring_.push(RawEvent{tick, key, record.size, record.stream, record.id, step_, record.scope, site,
-                        EventKind::free});
+  // Calls visit(addr, record) for each live block this tracker saw allocated; under the lock.
+  template <class Visit>
+  void for_each_tracked(Visit visit) const {
+    if (!attached_) return;
+    engine_.live_.for_each([&](std::uintptr_t key, const detail::Record& r) {
+      if (r.tag.id != 0) visit(key, r);
+    });
   }
 
   void step() {
-    struct Survivor {
+    struct Tracked {
       std::uintptr_t addr;
+      std::uint64_t id;
       std::uint64_t size;
       std::uint64_t tick;
       ScopeId scope;
       FramesId frames;
     };
     std::lock_guard detector_lock(detector_mutex_);
-    std::vector<Survivor> survivors;
-    std::vector<std::uintptr_t> frees;
-    const std::uint64_t tick = detail::ticks();
+    std::vector<Tracked> live;
+    std::uint64_t tick = 0;
     {
-      std::lock_guard lock(lock_);
-      // Allocations made since the last step and still live cross this boundary: the leak
-      // detector learns of them now (it samples only at boundaries), and of frees of those it knew.
-      live_.for_each([&](std::uintptr_t key, const Record& r) {
-        if (r.id > fed_watermark_) survivors.push_back({key, r.size, r.tick, r.scope, r.frames});
+      std::lock_guard lock(engine_.mutex_);
+      for_each_tracked([&](std::uintptr_t key, const detail::Record& r) {
+        live.push_back({key, r.tag.id, r.size, r.tag.tick, r.tag.scope, r.tag.frames});
       });
-      frees.swap(fed_frees_);
-      fed_watermark_ = next_id_;
-      ++step_;
-      ring_.push(RawEvent{tick, 0, 0, 0, 0, step_, detail::thread_context().scope, 0,
-                          EventKind::step});
+      log_.step();
+      tick = log_.tick_;
+    }
+    // The leak detector samples only at boundaries: it learns now of the frees of blocks it was
+    // told about (those not live any more under the same id) and of the blocks allocated since
+    // the last boundary that are still live.
+    std::unordered_map<std::uintptr_t, std::uint64_t> still_fed;
+    for (const Tracked& t : live)
+      if (t.id <= fed_watermark_) still_fed.emplace(t.addr, t.id);
+    for (auto it = fed_.begin(); it != fed_.end();) {
+      const auto live_it = still_fed.find(it->first);
+      if (live_it != still_fed.end() && live_it->second == it->second) {
+        ++it;
+        continue;
+      }
+      leaks_.on_free(it->first);
+      it = fed_.erase(it);
     }
     const detail::TickClock clock = detail::TickClock::make();
-    for (std::uintptr_t addr : frees) leaks_.on_free(addr);
     std::unordered_map<std::uint64_t, std::pair<std::string, std::string>> sites;
-    for (const Survivor& s : survivors) {
-      const std::uint64_t key = (std::uint64_t{s.scope} << 32) | s.frames;
+    std::uint64_t newest = fed_watermark_;
+    for (const Tracked& t : live) {
+      newest = std::max(newest, t.id);
+      if (t.id <= fed_watermark_) continue;
+      const std::uint64_t key = (std::uint64_t{t.scope} << 32) | t.frames;
       auto it = sites.find(key);
       if (it == sites.end())
-        it = sites.emplace(key, std::pair{site_of(s.scope, s.frames), frames::to_text(s.frames)})
+        it = sites.emplace(key, std::pair{site_of(t.scope, t.frames), frames::to_text(t.frames)})
                  .first;
-      leaks_.on_alloc(s.addr, s.size, it->second.first, clock.wall_ns(s.tick) / 1000,
+      fed_[t.addr] = t.id;
+      leaks_.on_alloc(t.addr, t.size, it->second.first, clock.wall_ns(t.tick) / 1000,
                       it->second.second);
     }
+    fed_watermark_ = newest;
     leaks_.on_step(clock.wall_ns(tick) / 1000);
   }
 
-  void note(EventKind kind, std::string text, std::uintptr_t addr, std::size_t size,
-            StreamId stream) {
-    const ScopeId scope = detail::thread_context().scope;
-    const FramesId site = detail::thread_context().frames;
-    const std::uint64_t tick = detail::ticks();
-    std::lock_guard lock(lock_);
-    notes_.push_back(std::move(text));
-    if (notes_.size() > kMaxNotes) {
-      notes_.pop_front();
-      ++first_note_;
-    }
-    const std::uint64_t number = first_note_ + notes_.size() - 1;
-    ring_.push(RawEvent{tick, addr, size, stream, number, step_, scope, site, kind});
-  }
-
-  void on_map(std::uintptr_t va, std::size_t bytes) {
-    const std::uint64_t tick = detail::ticks();
-    std::lock_guard lock(lock_);
-    mapped_.add(va, va + bytes);
-    ring_.push(RawEvent{tick, va, bytes, 0, 0, step_, 0, 0, EventKind::map});
-  }
-
-  void on_unmap(std::uintptr_t va, std::size_t bytes) {
-    const std::uint64_t tick = detail::ticks();
-    std::lock_guard lock(lock_);
-    mapped_.remove(va, va + bytes);
-    ring_.push(RawEvent{tick, va, bytes, 0, 0, step_, 0, 0, EventKind::unmap});
-  }
-
-  void on_oom(const OomInfo& info) {
-    {
-      std::lock_guard lock(lock_);
-      last_oom_ = info;
-    }
-    note(EventKind::oom, info.reason, info.device_free, info.requested, info.stream);
-  }
-
   TrackerState state() const {
-    std::vector<std::pair<std::uintptr_t, Record>> live;
-    std::vector<RawEvent> events;
+    std::vector<std::pair<std::uintptr_t, detail::Record>> live;
+    std::vector<detail::RawEvent> events;
     std::deque<std::string> notes;
     TrackerState out;
     std::uint64_t first_note = 0;
     {
-      std::lock_guard lock(lock_);
-      live.reserve(live_.size());
-      live_.for_each([&](std::uintptr_t key, const Record& r) { live.emplace_back(key, r); });
-      events.reserve(ring_.size());
-      ring_.for_each([&](const RawEvent& e) { events.push_back(e); });
-      notes = notes_;
-      first_note = first_note_;
-      for (const auto& [begin, end] : mapped_.ranges()) out.mapped.emplace_back(begin, end - begin);
-      out.step = step_;
-      out.allocations = next_id_;
-      out.dropped_events = ring_.dropped();
-      out.untracked_frees = untracked_frees_;
-      out.last_oom = last_oom_;
+      std::lock_guard lock(engine_.mutex_);
+      for_each_tracked([&](std::uintptr_t key, const detail::Record& r) { live.emplace_back(key, r); });
+      events.reserve(log_.ring_.size());
+      log_.ring_.for_each([&](const detail::RawEvent& e) { events.push_back(e); });
+      notes = log_.notes_;
+      first_note = log_.first_note_;
+      for (const auto& [begin, end] : log_.mapped_.ranges())
+        out.mapped.emplace_back(begin, end - begin);
+      out.step = log_.step_;
+      out.allocations = log_.next_id_;
+      out.dropped_events = log_.ring_.dropped();
+      out.untracked_frees = log_.untracked_frees_;
+      out.last_oom = log_.last_oom_;
     }
     const detail::TickClock clock = detail::TickClock::make();
     std::sort(live.begin(), live.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     out.live.reserve(live.size());
     for (const auto& [key, r] : live)
-      out.live.push_back(LiveAllocation{key, r.id, r.size, r.requested, r.stream,
-                                        clock.wall_ns(r.tick), r.step, r.scope, r.frames});
+      out.live.push_back(LiveAllocation{key, r.tag.id, r.size, r.requested, r.stream,
+                                        clock.wall_ns(r.tag.tick), r.tag.step, r.tag.scope,
+                                        r.tag.frames});
     out.history.reserve(events.size());
-    for (const RawEvent& e : events) {
+    for (const detail::RawEvent& e : events) {
       HistoryEvent h;
       h.kind = e.kind;
       h.addr = e.addr;
@@ -257,75 +193,66 @@ class Tracker::Impl {
   // (scope, frames, size) of every live allocation, for grouping outside the lock.
   std::vector<LiveAllocation> live_sites() const {
     std::vector<LiveAllocation> out;
-    std::lock_guard lock(lock_);
-    out.reserve(live_.size());
-    live_.for_each([&](std::uintptr_t key, const Record& r) {
+    std::lock_guard lock(engine_.mutex_);
+    for_each_tracked([&](std::uintptr_t key, const detail::Record& r) {
       LiveAllocation a;
       a.addr = key;
       a.size = r.size;
-      a.scope = r.scope;
-      a.frames = r.frames;
+      a.scope = r.tag.scope;
+      a.frames = r.tag.frames;
       out.push_back(a);
     });
     return out;
   }
 
+  Engine::Impl& engine_;
+  Engine& owner_;
   TrackerOptions options_;
-  mutable detail::SpinLock lock_;
-  // --- under lock_ ---
-  detail::PointerMap<Record> live_;
-  detail::HistoryRing<RawEvent> ring_;
-  std::uint64_t next_id_ = 0;
-  std::uint32_t step_ = 0;
-  std::size_t live_bytes_ = 0;
-  std::uint64_t untracked_frees_ = 0;
-  detail::IntervalSet mapped_;  // what the engine has mapped, as far as it told us
-  std::optional<OomInfo> last_oom_;
-  std::deque<std::string> notes_;
-  std::uint64_t first_note_ = 0;
-  std::uint64_t fed_watermark_ = 0;       // ids up to this were live at the last step: fed
-  std::vector<std::uintptr_t> fed_frees_;  // frees of fed allocations since the last step
-  // --- under detector_mutex_ (taken before lock_ when both are needed) ---
+  // --- under engine_.mutex_ ---
+  detail::TrackingLog log_;
+  bool attached_ = false;
+  // --- under detector_mutex_ (taken before the engine's when both are needed) ---
   mutable std::mutex detector_mutex_;
   LeakDetector leaks_;
-
+  std::unordered_map<std::uintptr_t, std::uint64_t> fed_;  // what leaks_ holds: address -> id
+  std::uint64_t fed_watermark_ = 0;  // ids up to this were looked at by the last step
 };
 
-Tracker::Tracker(TrackerOptions options) : impl_(std::make_unique<Impl>(options)) {}
-Tracker::~Tracker() = default;
+Tracker::Tracker(Engine& engine, TrackerOptions options)
+    : impl_(std::make_unique<Impl>(*engine.impl_, engine, options)) {}
+Tracker::~Tracker() { impl_->detach(); }
 
-void Tracker::on_malloc(void* ptr, std::size_t size, std::size_t requested, StreamId stream) {
-  if (ptr != nullptr) impl_->on_malloc(reinterpret_cast<std::uintptr_t>(ptr), size, requested, stream);
-}
-void Tracker::on_free(void* ptr) {
-  if (ptr != nullptr) impl_->on_free(reinterpret_cast<std::uintptr_t>(ptr));
-}
+void Tracker::detach() { impl_->detach(); }
 void Tracker::step() { impl_->step(); }
 void Tracker::annotate(std::string_view text) {
-  impl_->note(EventKind::annotation, std::string(text), 0, 0, 0);
+  std::string note(text);
+  std::lock_guard lock(impl_->engine_.mutex_);
+  impl_->log_.note(EventKind::annotation, std::move(note), 0, 0, 0);
 }
-void Tracker::on_map(DevicePtr va, std::size_t bytes) { impl_->on_map(va, bytes); }
-void Tracker::on_unmap(DevicePtr va, std::size_t bytes) { impl_->on_unmap(va, bytes); }
-void Tracker::on_oom(const OomInfo& info) { impl_->on_oom(info); }
 
+Engine& Tracker::engine() const noexcept { return impl_->owner_; }
 const TrackerOptions& Tracker::options() const noexcept { return impl_->options_; }
 
 std::uint64_t Tracker::current_step() const {
-  std::lock_guard lock(impl_->lock_);
-  return impl_->step_;
+  std::lock_guard lock(impl_->engine_.mutex_);
+  return impl_->log_.step_;
 }
 std::size_t Tracker::live_count() const {
-  std::lock_guard lock(impl_->lock_);
-  return impl_->live_.size();
+  std::size_t count = 0;
+  std::lock_guard lock(impl_->engine_.mutex_);
+  impl_->for_each_tracked([&](std::uintptr_t, const detail::Record&) { ++count; });
+  return count;
 }
 std::size_t Tracker::live_bytes() const {
-  std::lock_guard lock(impl_->lock_);
-  return impl_->live_bytes_;
+  std::size_t bytes = 0;
+  std::lock_guard lock(impl_->engine_.mutex_);
+  impl_->for_each_tracked([&](std::uintptr_t, const detail::Record& r) { bytes += r.size; });
+  return bytes;
 }
 TrackerState Tracker::state() const { return impl_->state(); }
 std::optional<OomInfo> Tracker::last_oom() const {
-  std::lock_guard lock(impl_->lock_);
-  return impl_->last_oom_;
+  std::lock_guard lock(impl_->engine_.mutex_);
+  return impl_->log_.last_oom_;
 }
 
 namespace {

@@ -168,15 +168,14 @@ TEST(OomReport, FromARealOomWithATracker) {
   EngineOptions options;
   options.memory_limit = 256 * MiB;
   Engine engine(device, options);
-  Tracker tracker;
-  TrackingResource resource(engine, tracker);
+  Tracker tracker(engine);
   std::vector<void*> kept;
   OomInfo seen;
   bool failed = false;
   {
     Scope scope("model.h.3.mlp");
     try {
-      for (int i = 0; i < 100; ++i) kept.push_back(resource.allocate(40 * MiB, 0));
+      for (int i = 0; i < 100; ++i) kept.push_back(engine.malloc(40 * MiB, 0));
     } catch (const OutOfMemoryError& e) {
       seen = e.info();
       failed = true;
@@ -195,7 +194,7 @@ TEST(OomReport, FromARealOomWithATracker) {
   bool logged = false;
   for (const HistoryEvent& e : tracker.state().history) logged = logged || e.kind == EventKind::oom;
   EXPECT_TRUE(logged);
-  for (void* p : kept) resource.deallocate(p);
+  for (void* p : kept) engine.free(p);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "gmem/engine.hpp"
@@ -220,42 +221,41 @@ assert used <= known, used - known
 struct Workload {
   SimulatedDevice device{SimDeviceOptions{std::size_t{1} << 30}};
   Engine engine{device};
-  Tracker tracker;
+  std::optional<Tracker> tracker;  // attached in run()
   std::vector<void*> untracked;  // allocated before tracking began
   std::vector<void*> kept;
 
   // Allocations before and after tracking starts, in scopes and at call sites, frees, a step,
   // an annotation, and (with `unmap`) a second stream and pages unmapped and mapped again.
-  // Without it, tracked blocks come and go in pages mapped before tracking began, which the
-  // tracker never saw mapped.
+  // Without it, tracked blocks come and go in pages mapped before tracking began: the tracker
+  // knows them as mapped but has no map events for them.
   void run(bool unmap = true) {
     untracked.push_back(engine.malloc(3 * MiB));
     untracked.push_back(engine.malloc(700));
     void* early = engine.malloc(5 * MiB);
-    engine.free(engine.malloc(4 * MiB));  // leaves cached mapped pages the tracker never sees
-    TrackingResource resource(engine, tracker);
-    resource.deallocate(early);            // a free of a block allocated before tracking
-    tracker.annotate("warm-up done");
+    engine.free(engine.malloc(4 * MiB));  // cached mapped pages: mapped before tracking began
+    tracker.emplace(engine);
+    engine.free(early);  // a free of a block allocated before tracking
+    tracker->annotate("warm-up done");
     for (int step = 0; step < 3; ++step) {
       Scope s("model.h." + std::to_string(step) + ".mlp");
       frames::set_current("train.py:" + std::to_string(40 + step) + ":forward\ntrain.py:90:<module>");
       std::vector<void*> temp;
       for (std::size_t size : {std::size_t{512}, 64 * std::size_t{1024}, MiB, 6 * MiB})
-        temp.push_back(resource.allocate(size, unmap && step == 2 ? 7 : 0));
-      kept.push_back(resource.allocate(3000 + static_cast<std::size_t>(step)));
-      for (void* p : temp) resource.deallocate(p);
+        temp.push_back(engine.malloc(size, unmap && step == 2 ? 7 : 0));
+      kept.push_back(engine.malloc(3000 + static_cast<std::size_t>(step)));
+      for (void* p : temp) engine.free(p);
       frames::set_current("");
-      tracker.step();
+      tracker->step();
       if (unmap && step == 1) engine.empty_cache();  // later allocations map again
     }
-    engine.set_listener(&tracker);  // keep listening after the resource is gone
   }
 };
 
 TEST(TakeSnapshot, MatchesTheEngine) {
   Workload w;
   w.run();
-  const Snapshot s = take_snapshot(w.engine, &w.tracker);
+  const Snapshot s = take_snapshot(w.engine, &*w.tracker);
   expect_well_formed(s);
   EXPECT_TRUE(s.tracking);
   EXPECT_EQ(s.step, 3u);
@@ -284,7 +284,7 @@ TEST(TakeSnapshot, JsonFollowsTheSchema) {
   if (!have_python()) GTEST_SKIP() << "python3 not found: JSON not checked";
   Workload w;
   w.run();
-  const std::string path = write_temp("snapshot.json", snapshot_json(take_snapshot(w.engine, &w.tracker)));
+  const std::string path = write_temp("snapshot.json", snapshot_json(take_snapshot(w.engine, &*w.tracker)));
   const char* script = R"PY(
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -399,7 +399,7 @@ TEST(TakeSnapshot, PickleOpensInMemoryViz) {
     Workload w;
     w.run(unmap);
     const std::string path = temp_path("snapshot.pickle");
-    write_snapshot_pickle(take_snapshot(w.engine, &w.tracker), path);
+    write_snapshot_pickle(take_snapshot(w.engine, &*w.tracker), path);
     EXPECT_EQ(run_python(kVizCheck, path + " " GMEM_TEST_DATA "/tiny_leak.snapshot.pickle " +
                                         (unmap ? "unmap" : "no-unmap")),
               0)
@@ -411,7 +411,7 @@ TEST(TakeSnapshot, PickleReadsBackAsATrace) {
   // gmem's own trace reader (the one `gmem replay` and `gmem leaks` use) reads the pickle.
   Workload w;
   w.run();
-  const Snapshot s = take_snapshot(w.engine, &w.tracker);
+  const Snapshot s = take_snapshot(w.engine, &*w.tracker);
   const std::string path = temp_path("snapshot_trace.pickle");
   write_snapshot_pickle(s, path);
   const trace::Trace t = trace::read_trace(path);

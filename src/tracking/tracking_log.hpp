@@ -1,0 +1,145 @@
+// What tracking records on the engine's hot path, kept inside the engine: each live block's tag
+// sits in the engine's own record and each event goes into a ring, all under the engine's lock.
+// A tracked malloc+free thus pays no second lock, no second map and, most of the time, no clock
+// read: a few stores. A Tracker (include/gmem/tracker.hpp) owns the log and reads it under that
+// lock; the engine holds a pointer to it while the tracker is attached.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "gmem/tracker.hpp"
+#include "tracking/clock.hpp"
+#include "tracking/history_ring.hpp"
+#include "tracking/interval_set.hpp"
+#include "tracking/thread_context.hpp"
+
+namespace gmem::detail {
+
+// Who allocated a live block and when. id 0: allocated while no tracker was attached.
+struct AllocTag {
+  std::uint64_t id = 0;     // 1, 2, ... per tracker
+  std::uint64_t tick = 0;   // ticks(), sampled (TrackingLog::kTickEvery)
+  std::uint32_t step = 0;
+  ScopeId scope = 0;
+  FramesId frames = 0;
+};
+
+struct RawEvent {
+  std::uint64_t tick;
+  std::uintptr_t addr;  // oom: the device's free memory
+  std::uint64_t size;
+  StreamId stream;
+  std::uint64_t id;     // alloc, free: allocation id; annotation, oom: note number
+  std::uint32_t step;
+  ScopeId scope;
+  FramesId frames;
+  EventKind kind;
+};
+
+// Everything here is guarded by the lock of the engine the log is attached to.
+class TrackingLog {
+ public:
+  using Backtrace = FramesId (*)(int skip, int depth);
+
+  // `backtrace`: how to capture a C++ call stack when options.capture_backtrace is set (passed in
+  // so that the engine's library does not link the symboliser).
+  TrackingLog(const TrackerOptions& options, Backtrace backtrace)
+      : ring_(options.history_capacity),
+        backtrace_(options.capture_backtrace ? backtrace : nullptr),
+        backtrace_depth_(options.backtrace_depth + 4),  // gmem's own frames are dropped later
+        tick_(ticks()) {}
+
+  // The calling thread's scope and site for a malloc, or the site of a free, taken before the
+  // engine changes anything: capturing a backtrace may throw.
+  AllocTag start_alloc() const {
+    const ThreadContext& thread = thread_context();
+    return AllocTag{0, 0, 0, thread.scope,
+                    backtrace_ ? backtrace_(0, backtrace_depth_) : thread.frames};
+  }
+  FramesId call_site() const {
+    return backtrace_ ? backtrace_(0, backtrace_depth_) : thread_context().frames;
+  }
+
+  // A malloc succeeded at `addr`: completes its tag (from start_alloc) and logs it.
+  void on_alloc(std::uintptr_t addr, std::size_t size, StreamId stream, AllocTag& tag) noexcept {
+    tag.id = ++next_id_;
+    if ((tag.id & (kTickEvery - 1)) == 0) tick_ = ticks();
+    tag.tick = tick_;
+    tag.step = step_;
+    ring_.push(RawEvent{tag.tick, addr, size, stream, tag.id, step_, tag.scope, tag.frames,
+                        EventKind::alloc});
+  }
+
+  // A block is freed; `site` is where (call_site(), or 0 when the history is off).
+  void on_free(std::uintptr_t addr, std::size_t size, StreamId stream, const AllocTag& tag,
+               FramesId site) noexcept {
+    if (tag.id == 0) {
+      ++untracked_frees_;
+      return;
+    }
+    ring_.push(RawEvent{tick_, addr, size, stream, tag.id, step_, tag.scope, site,
+                        EventKind::free});
+  }
+  bool logs_frees() const noexcept { return ring_.capacity() != 0; }
+
+  // The slow path's events, with a fresh clock reading each.
+  void on_map(std::uintptr_t va, std::size_t bytes) {
+    mapped_.add(va, va + bytes);
+    ring_.push(RawEvent{fresh_tick(), va, bytes, 0, 0, step_, 0, 0, EventKind::map});
+  }
+  void on_unmap(std::uintptr_t va, std::size_t bytes) {
+    mapped_.remove(va, va + bytes);
+    ring_.push(RawEvent{fresh_tick(), va, bytes, 0, 0, step_, 0, 0, EventKind::unmap});
+  }
+  void on_oom(const OomInfo& info) {
+    last_oom_ = info;
+    note(EventKind::oom, info.reason, info.device_free, info.requested, info.stream);
+  }
+  // An annotation or an OOM: its text is kept apart from the ring (the last kMaxNotes).
+  void note(EventKind kind, std::string text, std::uintptr_t addr, std::size_t size,
+            StreamId stream) {
+    const ThreadContext& thread = thread_context();
+    notes_.push_back(std::move(text));
+    if (notes_.size() > kMaxNotes) {
+      notes_.pop_front();
+      ++first_note_;
+    }
+    const std::uint64_t number = first_note_ + notes_.size() - 1;
+    ring_.push(RawEvent{fresh_tick(), addr, size, stream, number, step_, thread.scope,
+                        thread.frames, kind});
+  }
+  // A step ends: returns the new step's number.
+  std::uint32_t step() noexcept {
+    ++step_;
+    ring_.push(RawEvent{fresh_tick(), 0, 0, 0, 0, step_, thread_context().scope, 0,
+                        EventKind::step});
+    return step_;
+  }
+
+  // Times: the time-stamp counter costs ~10 ns, a third of an untracked malloc+free, so the hot
+  // path reads it once every kTickEvery allocations and stamps other mallocs and frees with the
+  // last reading; the slow path (steps, maps, notes) always reads it. A malloc's or free's time is
+  // thus exact to within the time the program takes to make kTickEvery allocations.
+  static constexpr std::uint64_t kTickEvery = 64;
+  std::uint64_t fresh_tick() noexcept { return tick_ = ticks(); }
+
+  static constexpr std::size_t kMaxNotes = 4096;  // annotation texts and OOM reasons kept
+
+  HistoryRing<RawEvent> ring_;
+  Backtrace backtrace_;
+  int backtrace_depth_;
+  std::uint64_t tick_;
+  std::uint64_t next_id_ = 0;
+  std::uint32_t step_ = 0;
+  std::uint64_t untracked_frees_ = 0;
+  IntervalSet mapped_;  // what the engine has mapped
+  std::optional<OomInfo> last_oom_;
+  std::deque<std::string> notes_;
+  std::uint64_t first_note_ = 0;
+};
+
+}  // namespace gmem::detail
