@@ -21,8 +21,10 @@ struct ThreadContext {
   std::uint32_t frames;   // FramesId of the call site the Python layer last set (0: none)
 };
 
+// initial-exec: in libgmem.so (dlopen'ed by PyTorch) the default model makes every read a call
+// to __tls_get_addr; these 8 bytes fit the static TLS space glibc keeps for such libraries.
 inline ThreadContext& thread_context() noexcept {
-  thread_local ThreadContext context{0, 0};
+  [[gnu::tls_model("initial-exec")]] thread_local ThreadContext context{0, 0};
   return context;
 }
 
