@@ -1,5 +1,7 @@
 # `cmake --install` and the CMake package: find_package(gmem) gives
 #   gmem::gmem       the C++ engine and the simulated device (static)
+#   gmem::gmem_observe  tracking, scopes, summaries, OOM reports, snapshots, leak detection and
+#                    the trace readers (static; gmem_tracking, gmem_analysis and gmem_trace)
 #   gmem::gmem_cuda  CudaDevice and CudaSegmentDevice (static; when built with CUDA)
 #   gmem::gmem_c     libgmem.so, the C API
 include(GNUInstallDirs)
@@ -8,7 +10,8 @@ include(CMakePackageConfigHelpers)
 set(GMEM_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/gmem)
 set_target_properties(gmem_core PROPERTIES EXPORT_NAME gmem)
 set_target_properties(gmem_shared PROPERTIES EXPORT_NAME gmem_c)
-set(GMEM_INSTALL_TARGETS gmem_core gmem_shared)
+set_target_properties(gmem_tracking PROPERTIES EXPORT_NAME gmem_observe)
+set(GMEM_INSTALL_TARGETS gmem_core gmem_trace gmem_analysis gmem_tracking gmem_shared)
 if(GMEM_CUDA)
   set_target_properties(gmem_cuda PROPERTIES EXPORT_NAME gmem_cuda)
   list(APPEND GMEM_INSTALL_TARGETS gmem_cuda)

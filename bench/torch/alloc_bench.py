@@ -6,10 +6,13 @@ same C++ loops (alloc_bench.cpp, compiled here against the installed torch) in o
 
 Prints one JSON line: nanoseconds per malloc+free pair (4 KiB, 16 MiB) and per churn op (free a
 random one of 1000 live blocks, allocate a new size log-uniform in 512 B..64 MiB; 100k ops
-timed after 100k ops of warm-up).
+timed after 100k ops of warm-up). With gmem, also "gmem_tracked": the same loops with
+gmem.enable_tracking() on, alternated with untracked runs (medians of 5 each), and
+"tracking_overhead": tracked / untracked per loop.
 """
 
 import argparse
+import statistics
 import ctypes
 import glob
 import os
@@ -65,6 +68,29 @@ def build(build_dir):
     raise SystemExit("alloc_bench: build failed:\n%s" % log[-4000:])
 
 
+def tracking_cost(bench, gmem, args, rounds=5):
+    """gmem's loops without and with tracking, alternated: the difference is a few ns, less than
+    the machine drifts over a run."""
+    def loops():
+        row = {key: bench.gmem_bench_pair(1, size, args.pair_iterations)
+               for key, size in PAIR_SIZES.items()}
+        row["churn"] = bench.gmem_bench_churn(1, 1000, args.churn_ops // 4, 512, 64 << 20, 12345)
+        return row
+
+    plain, tracked = [], []
+    for _ in range(rounds):
+        plain.append(loops())
+        gmem.enable_tracking()
+        try:
+            tracked.append(loops())
+        finally:
+            gmem.disable_tracking()
+    median = {key: (statistics.median(r[key] for r in plain),
+                    statistics.median(r[key] for r in tracked)) for key in plain[0]}
+    return {"gmem_tracked": {key: round(t, 1) for key, (p, t) in median.items()},
+            "tracking_overhead": {key: round(t / p, 3) for key, (p, t) in median.items()}}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out")
@@ -110,6 +136,9 @@ def main():
             gmem.empty_cache()
         results[label] = row
         print("alloc_bench: %s %s" % (label, row), file=sys.stderr, flush=True)
+    if gmem is not None:
+        results.update(tracking_cost(bench, gmem, args))
+        print("alloc_bench: %s" % results["tracking_overhead"], file=sys.stderr, flush=True)
     emit(dict(kind="alloc", unit="ns", results=results), args.out)
 
 

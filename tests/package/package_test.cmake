@@ -1,5 +1,5 @@
 # Installs gmem from BUILD_DIR into a scratch prefix under WORK_DIR, builds examples/ against it
-# with find_package(gmem) and runs both examples. Run as:
+# with find_package(gmem) and runs the examples. Run as:
 #   cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -P package_test.cmake
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR)
   if(NOT ${var})
@@ -24,4 +24,5 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples -B ${WORK_DIR}/build -G ${GENERAT
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build -j 2)
 run(${WORK_DIR}/build/cpp_example)
+run(${WORK_DIR}/build/observe_example)
 run(${CMAKE_COMMAND} -E env GMEM_DEVICE=sim ${WORK_DIR}/build/c_example)
