@@ -21,8 +21,7 @@ using namespace gmem;
 
 constexpr int kLiveBlocks = 1000;
 
-void pair_loop(benchmark::State& state, Engine& engine) {
-  const auto size = static_cast<std::size_t>(state.range(0));
+void pair_loop(benchmark::State& state, Engine& engine, std::size_t size) {
   engine.free(engine.malloc(size, 0));  // warm: mappings cached
   const std::int64_t maps = engine.stats().num_maps;
   for (auto _ : state) {
@@ -36,8 +35,9 @@ void pair_loop(benchmark::State& state, Engine& engine) {
                                     static_cast<double>(state.iterations());
 }
 
-// `tracker_options`: none for the untracked engine.
-void pair(benchmark::State& state, std::optional<TrackerOptions> tracker_options, bool in_scope) {
+// Pairs of `size` bytes; `tracker_options`: none for the untracked engine. In a scope and at a
+// call site unless `backtrace` (which takes its own).
+void pair(benchmark::State& state, std::size_t size, std::optional<TrackerOptions> tracker_options) {
   SimulatedDevice device{SimDeviceOptions{std::size_t{80} << 30}};
   Engine engine(device);
   std::optional<Tracker> tracker;
@@ -45,24 +45,36 @@ void pair(benchmark::State& state, std::optional<TrackerOptions> tracker_options
   std::vector<void*> live;
   for (int i = 0; i < kLiveBlocks; ++i)
     live.push_back(engine.malloc(static_cast<std::size_t>(512 + (i % 64) * 4096), 0));
-  if (in_scope) {
+  if (tracker_options && tracker_options->capture_backtrace) {
+    pair_loop(state, engine, size);
+  } else {
     Scope scope("model.transformer.h.3.mlp");
     frames::set_current("train.py:42:forward");
-    pair_loop(state, engine);
+    pair_loop(state, engine, size);
     frames::set_current("");
-  } else {
-    pair_loop(state, engine);
   }
   for (void* p : live) engine.free(p);
 }
 
-void BM_EnginePair(benchmark::State& state) { pair(state, std::nullopt, true); }
-void BM_TrackedPair(benchmark::State& state) { pair(state, TrackerOptions{}, true); }
+std::size_t size_arg(const benchmark::State& state) {
+  return static_cast<std::size_t>(state.range(0));
+}
+
+void BM_EnginePair(benchmark::State& state) { pair(state, size_arg(state), std::nullopt); }
+void BM_TrackedPair(benchmark::State& state) { pair(state, size_arg(state), TrackerOptions{}); }
 void BM_TrackedPairNoHistory(benchmark::State& state) {
-  pair(state, TrackerOptions{0, false, 0}, true);
+  pair(state, size_arg(state), TrackerOptions{0, false, 0});
 }
 void BM_TrackedPairBacktrace(benchmark::State& state) {
-  pair(state, TrackerOptions{100'000, true, 32}, false);
+  pair(state, size_arg(state), TrackerOptions{TrackerOptions{}.history_capacity, true, 32});
+}
+// 4 KiB pairs with a history of range(0) events: what the ring's size costs once it outgrows the
+// CPU's caches.
+void BM_TrackedPairHistory(benchmark::State& state) {
+  const auto events = static_cast<std::size_t>(state.range(0));
+  state.counters["history_MiB"] =
+      static_cast<double>(events * TrackerOptions::kEventBytes) / (1 << 20);
+  pair(state, 4096, TrackerOptions{events, false, 0});
 }
 
 // Small (slab) and large (page-range) blocks.
@@ -70,6 +82,7 @@ BENCHMARK(BM_EnginePair)->Arg(4096)->Arg(4 << 20);
 BENCHMARK(BM_TrackedPair)->Arg(4096)->Arg(4 << 20);
 BENCHMARK(BM_TrackedPairNoHistory)->Arg(4096)->Arg(4 << 20);
 BENCHMARK(BM_TrackedPairBacktrace)->Arg(4096);
+BENCHMARK(BM_TrackedPairHistory)->RangeMultiplier(4)->Range(4096, 1 << 18);
 
 }  // namespace
 

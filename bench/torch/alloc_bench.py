@@ -7,7 +7,7 @@ same C++ loops (alloc_bench.cpp, compiled here against the installed torch) in o
 Prints one JSON line: nanoseconds per malloc+free pair (4 KiB, 16 MiB) and per churn op (free a
 random one of 1000 live blocks, allocate a new size log-uniform in 512 B..64 MiB; 100k ops
 timed after 100k ops of warm-up). With gmem, also "gmem_tracked": the same loops with
-gmem.enable_tracking() on, alternated with untracked runs (medians of 5 each), and
+gmem.enable_tracking() on, alternated with untracked runs (medians of 7 each, pairs 10x longer), and
 "tracking_overhead": tracked / untracked per loop.
 """
 
@@ -68,13 +68,13 @@ def build(build_dir):
     raise SystemExit("alloc_bench: build failed:\n%s" % log[-4000:])
 
 
-def tracking_cost(bench, gmem, args, rounds=5):
-    """gmem's loops without and with tracking, alternated: the difference is a few ns, less than
-    the machine drifts over a run."""
+def tracking_cost(bench, gmem, args, rounds=7):
+    """gmem's loops without and with tracking (its default history), alternated: the difference
+    is a few ns, less than the machine drifts over a run."""
     def loops():
-        row = {key: bench.gmem_bench_pair(1, size, args.pair_iterations)
+        row = {key: bench.gmem_bench_pair(1, size, 10 * args.pair_iterations)
                for key, size in PAIR_SIZES.items()}
-        row["churn"] = bench.gmem_bench_churn(1, 1000, args.churn_ops // 4, 512, 64 << 20, 12345)
+        row["churn"] = bench.gmem_bench_churn(1, 1000, args.churn_ops, 512, 64 << 20, 12345)
         return row
 
     plain, tracked = [], []

@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 /* Starts tracking `device`'s allocations. history_capacity: events kept (0 = the default,
- * 100000); capture_backtrace: nonzero records a C++ backtrace per allocation (about 1-10 us
+ * 16384); capture_backtrace: nonzero records a C++ backtrace per allocation (about 1-10 us
  * each) instead of the thread's frames set with gmem_set_frames. Enabling again changes nothing.
  * Allocations made before remain untracked (snapshots list them without call sites). */
 gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int capture_backtrace);

@@ -55,7 +55,11 @@ std::string to_text(FramesId id);
 // --- the tracker ---------------------------------------------------------------------------------
 
 struct TrackerOptions {
-  std::size_t history_capacity = 100'000;  // events kept, oldest dropped first; 0 keeps none
+  static constexpr std::size_t kEventBytes = 56;  // host memory per history event
+  // Events kept, oldest dropped first; 0 keeps none. The default (0.9 MiB) stays in a server
+  // CPU's L2 cache; a ring larger than the cache costs the hot path cache misses (up to +20% on a
+  // malloc+free pair, bench/tracking_bench.cpp): raise it for a longer timeline in snapshots.
+  std::size_t history_capacity = 16'384;
   bool capture_backtrace = false;          // a C++ backtrace per allocation instead of the
                                            // thread's current frames
   int backtrace_depth = 32;

@@ -79,9 +79,10 @@ def _bytes(text):
 # --- tracking ---------------------------------------------------------------------------------
 
 
-def enable_tracking(device=None, history=100000, backtrace=False):
+def enable_tracking(device=None, history=16384, backtrace=False):
     """Records every allocation on `device` from now on: size, stream, time, step, scope and call
-    site, plus a history of the last `history` events. backtrace=True also takes a C++ backtrace
+    site, plus a history of the last `history` events (56 bytes each; a history larger than the
+    CPU's L2 cache slows every malloc down, see README). backtrace=True also takes a C++ backtrace
     per allocation (slow: microseconds each). Allocations made before stay untracked."""
     _lib.check(_c().gmem_tracking_enable(device_index(device), int(history), 1 if backtrace else 0))
 

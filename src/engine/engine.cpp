@@ -82,7 +82,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
                                             "): larger than any device (a negative size cast?)");
   std::lock_guard lock(mutex_);
   Record record{0, size, stream, 0, 0, false, false, false, {}};
-  if (log_) record.tag = log_->start_alloc();
+  const FramesId backtrace = log_ ? log_->backtrace() : 0;
   if (!pending_.empty()) process_pending(false);
   const std::uint32_t si = stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
@@ -90,7 +90,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   allocating_ = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current) + rounded;
   const DevicePtr ptr = rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, record)
                                                       : malloc_range(size, rounded, si, record);
-  if (log_) log_->on_alloc(ptr, rounded, stream, record.tag);
+  if (log_) log_->on_alloc(ptr, rounded, stream, backtrace, record.tag);
   live_.insert(ptr, record);
   count_malloc(record);
   return reinterpret_cast<void*>(ptr);

@@ -40,6 +40,8 @@ struct RawEvent {
   EventKind kind;
 };
 
+static_assert(sizeof(RawEvent) == TrackerOptions::kEventBytes);
+
 // Everything here is guarded by the lock of the engine the log is attached to.
 class TrackingLog {
  public:
@@ -53,23 +55,23 @@ class TrackingLog {
         backtrace_depth_(options.backtrace_depth + 4),  // gmem's own frames are dropped later
         tick_(ticks()) {}
 
-  // The calling thread's scope and site for a malloc, or the site of a free, taken before the
-  // engine changes anything: capturing a backtrace may throw.
-  AllocTag start_alloc() const {
-    const ThreadContext& thread = thread_context();
-    return AllocTag{0, 0, 0, thread.scope,
-                    backtrace_ ? backtrace_(0, backtrace_depth_) : thread.frames};
-  }
+  // A C++ backtrace for the malloc about to be made, when the options ask for one (else 0). Taken
+  // before the engine changes anything: it may throw.
+  FramesId backtrace() const { return backtrace_ ? backtrace_(0, backtrace_depth_) : 0; }
   FramesId call_site() const {
     return backtrace_ ? backtrace_(0, backtrace_depth_) : thread_context().frames;
   }
 
-  // A malloc succeeded at `addr`: completes its tag (from start_alloc) and logs it.
-  void on_alloc(std::uintptr_t addr, std::size_t size, StreamId stream, AllocTag& tag) noexcept {
+  // A malloc succeeded at `addr`: fills in its tag and logs it. `backtrace`: from backtrace().
+  void on_alloc(std::uintptr_t addr, std::size_t size, StreamId stream, FramesId backtrace,
+                AllocTag& tag) noexcept {
+    const ThreadContext& thread = thread_context();
     tag.id = ++next_id_;
     if ((tag.id & (kTickEvery - 1)) == 0) tick_ = ticks();
     tag.tick = tick_;
     tag.step = step_;
+    tag.scope = thread.scope;
+    tag.frames = backtrace_ ? backtrace : thread.frames;
     ring_.push(RawEvent{tag.tick, addr, size, stream, tag.id, step_, tag.scope, tag.frames,
                         EventKind::alloc});
   }
