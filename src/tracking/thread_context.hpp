@@ -23,8 +23,15 @@ struct ThreadContext {
 
 // initial-exec: in libgmem.so (dlopen'ed by PyTorch) the default model makes every read a call
 // to __tls_get_addr; these 8 bytes fit the static TLS space glibc keeps for such libraries.
+// Not in sanitizer builds: linked into an executable, the linker rewrites the access into a form
+// that leaves UBSan's null check testing stale flags (GCC 12), a false "null pointer" report.
+#ifdef GMEM_SANITIZED
+#define GMEM_TLS_MODEL
+#else
+#define GMEM_TLS_MODEL [[gnu::tls_model("initial-exec")]]
+#endif
 inline ThreadContext& thread_context() noexcept {
-  [[gnu::tls_model("initial-exec")]] thread_local ThreadContext context{0, 0};
+  GMEM_TLS_MODEL thread_local ThreadContext context{0, 0};
   return context;
 }
 
