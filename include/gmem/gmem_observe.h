@@ -26,7 +26,8 @@ extern "C" {
  * each) instead of the thread's frames set with gmem_set_frames. Enabling again changes nothing.
  * Allocations made before remain untracked (snapshots list them without call sites). */
 gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int capture_backtrace);
-/* Stops recording; what was recorded stays readable until tracking is enabled again. */
+/* Stops recording. Queries (snapshots, OOM reports, summaries by site) then answer as without
+ * tracking: what was recorded is no longer read. */
 gmem_status_t gmem_tracking_disable(int device);
 /* 1 when `device` is tracked, 0 when not, -1 on error. */
 int gmem_tracking_enabled(int device);
