@@ -81,12 +81,11 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
     throw Error(Errc::invalid_argument, "malloc(" + std::to_string(size) +
                                             "): larger than any device (a negative size cast?)");
   std::lock_guard lock(mutex_);
-  Record record{0, size, stream, 0, 0, false, false, false, {}};
   const FramesId backtrace = log_ ? log_->backtrace() : 0;
   if (!pending_.empty()) process_pending(false);
   const std::uint32_t si = stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
-  record.size = rounded;
+  Record record{rounded, size, stream, 0, 0, false, false, false, {}};
   allocating_ = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current) + rounded;
   const DevicePtr ptr = rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, record)
                                                       : malloc_range(size, rounded, si, record);

@@ -25,8 +25,6 @@ class HistoryRing {
     if (++head_ == capacity_) head_ = 0, ++laps_;
   }
 
-  void clear() noexcept { head_ = 0, laps_ = 0; }
-
   // Oldest first.
   template <class Visit>
   void for_each(Visit&& visit) const {

@@ -58,8 +58,8 @@ class Tracker::Impl {
       throw Error(Errc::invalid_argument, "this engine already has a tracker attached");
     // Tags left by an earlier tracker are not ours: those blocks count as untracked.
     engine_.live_.for_each_mutable([](std::uintptr_t, detail::Record& r) { r.tag = {}; });
-    for (const auto& [begin, end] : engine_.mapped_ranges()) log_.on_map(begin, end - begin);
-    log_.ring_.clear();  // the maps made before attaching are state, not history
+    // The maps made before attaching are state, not history: no events for them.
+    for (const auto& [begin, end] : engine_.mapped_ranges()) log_.mapped_.add(begin, end);
     engine_.log_ = &log_;
     attached_ = true;
   }

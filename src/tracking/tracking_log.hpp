@@ -47,23 +47,21 @@ class TrackingLog {
  public:
   using Backtrace = FramesId (*)(int skip, int depth);
 
-  // `backtrace`: how to capture a C++ call stack when options.capture_backtrace is set (passed in
-  // so that the engine's library does not link the symboliser).
-  TrackingLog(const TrackerOptions& options, Backtrace backtrace)
+  // `capture`: how to take a C++ call stack when options.capture_backtrace is set (passed in so
+  // that the engine's library does not link the symboliser).
+  TrackingLog(const TrackerOptions& options, Backtrace capture)
       : ring_(options.history_capacity),
-        backtrace_(options.capture_backtrace ? backtrace : nullptr),
+        backtrace_(options.capture_backtrace ? capture : nullptr),
         backtrace_depth_(options.backtrace_depth + 4),  // gmem's own frames are dropped later
         tick_(ticks()) {}
 
   // A C++ backtrace for the malloc about to be made, when the options ask for one (else 0). Taken
   // before the engine changes anything: it may throw.
   FramesId backtrace() const { return backtrace_ ? backtrace_(0, backtrace_depth_) : 0; }
-  FramesId call_site() const {
-    return backtrace_ ? backtrace_(0, backtrace_depth_) : thread_context().frames;
-  }
+  FramesId call_site() const { return backtrace_ ? backtrace() : thread_context().frames; }
 
-  // A malloc succeeded at `addr`: fills in its tag and logs it. `backtrace`: from backtrace().
-  void on_alloc(std::uintptr_t addr, std::size_t size, StreamId stream, FramesId backtrace,
+  // A malloc succeeded at `addr`: fills in its tag and logs it. `trace`: from backtrace().
+  void on_alloc(std::uintptr_t addr, std::size_t size, StreamId stream, FramesId trace,
                 AllocTag& tag) noexcept {
     const ThreadContext& thread = thread_context();
     tag.id = ++next_id_;
@@ -71,7 +69,7 @@ class TrackingLog {
     tag.tick = tick_;
     tag.step = step_;
     tag.scope = thread.scope;
-    tag.frames = backtrace_ ? backtrace : thread.frames;
+    tag.frames = backtrace_ ? trace : thread.frames;
     ring_.push(RawEvent{tag.tick, addr, size, stream, tag.id, step_, tag.scope, tag.frames,
                         EventKind::alloc});
   }
