@@ -12,7 +12,7 @@
 namespace gmem::cli {
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] [--cache-slack F] FILE...\n"
+    "usage: gmem replay [--json] [--capacity BYTES] FILE...\n"
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
     "as ratios to the trace's peak allocated memory: the memory PyTorch's allocator reserved\n"
@@ -23,9 +23,7 @@ const char kReplayUsage[] =
     "torch.cuda.memory._dump_snapshot(), or an RMM log.\n"
     "\n"
     "  --capacity BYTES  the simulated device's memory (default 80G; e.g. 16G, 512M)\n"
-    "  --cache-slack F   reserved may grow to the allocated high-water mark x (1 + F) before\n"
-    "                    gmem stitches cached pages (default 0.125, doubled while stitching\n"
-    "                    persists; a given F stays fixed; 0.015625: memory first)\n"
+
     "  --json            one JSON object per trace, one per line\n";
 
 namespace {
@@ -84,9 +82,6 @@ int replay_command(const Args& args) {
       if (options.capacity == 0) throw UsageError("--capacity must be more than 0");
     } else if (a.starts_with("--capacity=")) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
-    } else if (a == "--cache-slack") {
-      options.engine.cache_slack = parse_cache_slack(option_value(args, i), "--cache-slack");
-      options.engine.adaptive_slack = false;  // the slack asked for, as it is
     } else if (a.starts_with("-") && a != "-") {
       throw UsageError("replay: unknown option " + a + " (see gmem help replay)");
     } else {

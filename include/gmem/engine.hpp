@@ -1,9 +1,12 @@
 // gmem's caching engine: a fragmentation-free allocator over a Device.
 //
 //   Physical memory is held in chunks of the device's granularity (2 MiB) that can be mapped at
-//   any virtual address, so a large request can be stitched from chunks freed anywhere instead of
-//   failing for want of a contiguous range. Small requests (<= 1 MiB) come from size-classed
-//   slabs. Mappings are cached: a steady training loop makes no device calls. Thread-safe.
+//   any virtual address, so a large request is stitched from chunks freed anywhere instead of
+//   failing for want of a contiguous range; a chunk is created only when no free one can be
+//   mapped instead, so reserved memory follows the pages live blocks touch. Stitched chunks stay
+//   mapped where they were too (aliases), so a training loop that repeats its layout makes no
+//   device calls after its first steps. Small requests (<= 128 KiB) come from size-classed
+//   slabs. Thread-safe. docs/engine.md has the design and its numbers.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +16,6 @@
 
 #include "gmem/device.hpp"
 #include "gmem/error.hpp"
-#include "gmem/memory_resource.hpp"
 #include "gmem/stats.hpp"
 
 namespace gmem {
@@ -22,25 +24,9 @@ inline constexpr std::size_t kAlignment = 512;               // every block is a
 inline constexpr std::size_t kSmallLimit = std::size_t{1} << 20;  // <= this: size-classed
 
 struct EngineOptions {
-  std::size_t memory_limit = 0;  // bytes gmem may hold; 0 = the device's total memory
-  // Reserved memory may grow freely up to the allocated high-water mark times (1 + cache_slack);
-  // beyond that, free chunks whose stream work has finished are reused (unmapped and remapped:
-  // stitching) before new ones are created. The default (1/8) lets loops whose layout shifts
-  // every step (GPT-2's logits) settle into a steady state with no device calls; 1/64 keeps
-  // reserved within 2% of the peak but remaps pages every step. Under the memory limit gmem
-  // always stitches rather than fail.
-  // reuse_before_grow = false: no budget, grow until the limit and stitch only then.
-  bool reuse_before_grow = true;
-  double cache_slack = 1.0 / 8;
-  // When stitching within the budget keeps moving pages (a quarter of the high-water mark's
-  // worth), double cache_slack, up to 0.5: on a GPU every stitched page costs ~60 us.
-  bool adaptive_slack = true;
-  std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = 2x device total
+  std::size_t memory_limit = 0;   // bytes gmem may hold; 0 = the device's total memory
+  std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = the device's total
 };
-
-// Reads a cache_slack from text ("0.125"; GMEM_CACHE_SLACK, gmem replay --cache-slack);
-// throws Error(invalid_argument) naming `what` unless it is a number in [0, 16].
-double parse_cache_slack(const std::string& text, const std::string& what);
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).
 struct BlockInfo {
@@ -53,10 +39,10 @@ struct BlockInfo {
 
 class Tracker;  // gmem/tracker.hpp
 
-class Engine final : public MemoryResource {
+class Engine final {
  public:
   explicit Engine(Device& device, EngineOptions options = {});
-  ~Engine() override;  // releases every chunk and address range back to the device
+  ~Engine();  // releases every chunk and address range back to the device
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -67,8 +53,6 @@ class Engine final : public MemoryResource {
   // `ptr` is also used on `stream`: when freed, it is reused only after `stream` has caught up.
   void record_stream(void* ptr, StreamId stream);
 
-  void* allocate(std::size_t bytes, StreamId stream = 0) override { return malloc(bytes, stream); }
-  void deallocate(void* ptr) override { free(ptr); }
 
   // Gives every free chunk back to the device (waits for streams where needed).
   void empty_cache();
@@ -77,7 +61,11 @@ class Engine final : public MemoryResource {
   std::size_t memory_limit() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
+  // The counters (PyTorch's names and gmem's own), in O(1): what users poll. The fields derived
+  // by walking the engine (largest_free_range, inactive_split*) read 0 here.
   MemoryStats stats() const;
+  // stats() plus the derived fields: for summaries and OOM reports, not for polling.
+  MemoryStats detailed_stats() const;
 
   // The live allocation at `ptr` (its start); throws Error(invalid_pointer) when there is none.
   BlockInfo block_info(const void* ptr) const;

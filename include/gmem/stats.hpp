@@ -4,7 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -54,10 +56,13 @@ struct MemoryStats {
   std::int64_t num_unmaps = 0;          // cuMemUnmap calls
   std::int64_t num_stitches = 0;        // mallocs that remapped chunks freed elsewhere
   std::int64_t chunks_held = 0;         // physical chunks created and not released
-  std::int64_t chunks_mapped = 0;
+  std::int64_t chunks_mapped = 0;       // chunks mapped at one page or more
+  std::int64_t mapped_pages = 0;        // pages mapped (a chunk may be mapped at several)
   std::int64_t granularity = 0;         // bytes per chunk
   std::int64_t memory_limit = 0;
-  std::int64_t largest_free_range = 0;  // largest free virtual range already backed by memory
+  // Derived (Engine::detailed_stats() only): the largest free virtual range backed by memory
+  // that is ready to use.
+  std::int64_t largest_free_range = 0;
   // Reserved but not allocated, by cause (they add up to reserved - allocated):
   std::int64_t free_mapped_bytes = 0;   // whole pages mapped and free (cached mappings)
   std::int64_t free_unmapped_bytes = 0; // chunks held but not mapped
@@ -66,6 +71,10 @@ struct MemoryStats {
 
   // Flat list in PyTorch's naming: "allocated_bytes.all.current" etc.
   std::vector<std::pair<std::string, std::int64_t>> flatten() const;
+  // One value of flatten() by name, without building the list (what gmem_stat polls).
+  std::optional<std::int64_t> find(std::string_view name) const;
+  // Whether `name` is one of the fields only Engine::detailed_stats() fills in.
+  static bool is_derived(std::string_view name);
 };
 
 }  // namespace gmem

@@ -214,7 +214,7 @@ std::string memory_summary(const Engine& engine, const std::vector<TopAllocation
   SummaryOptions options;
   options.device = engine.device().name() + " " + std::to_string(engine.device().index());
   options.abbreviated = abbreviated;
-  return format_summary(engine.stats(), top, options);
+  return format_summary(engine.detailed_stats(), top, options);
 }
 
 }  // namespace gmem

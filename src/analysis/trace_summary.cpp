@@ -55,7 +55,7 @@ TraceSummary summarize_trace(const trace::Trace& t, SummaryPoint at, std::size_t
   trace::ReplayOptions options;
   options.stop_at_event = summary.events;
   options.on_stop = [&](const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live) {
-    summary.stats = engine.stats();
+    summary.stats = engine.detailed_stats();
     std::vector<std::pair<std::string, std::int64_t>> sites;
     sites.reserve(live.size());
     for (const auto& [event, ptr] : live)

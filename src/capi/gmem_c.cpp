@@ -75,7 +75,7 @@ DeviceContext& owner_of(const void* ptr) {
 
 std::string stats_text(int device) {
   std::ostringstream text;
-  for (const auto& [name, value] : gmem::capi::context(device).engine->stats().flatten()) {
+  for (const auto& [name, value] : gmem::capi::context(device).engine->detailed_stats().flatten()) {
     text << name << ' ' << value << '\n';
   }
   return text.str();
@@ -161,11 +161,11 @@ gmem_status_t gmem_stat(int device, const char* name, int64_t* value) {
     if (name == nullptr || value == nullptr) {
       throw gmem::Error(gmem::Errc::invalid_argument, "name and value must not be NULL");
     }
-    for (const auto& [stat, current] : gmem::capi::context(device).engine->stats().flatten()) {
-      if (stat == name) {
-        *value = current;
-        return;
-      }
+    const gmem::Engine& engine = *gmem::capi::context(device).engine;
+    const bool derived = gmem::MemoryStats::is_derived(name);
+    if (const auto v = (derived ? engine.detailed_stats() : engine.stats()).find(name)) {
+      *value = *v;
+      return;
     }
     throw gmem::Error(gmem::Errc::invalid_argument,
                       std::string("unknown statistic '") + name +
@@ -182,7 +182,7 @@ gmem_status_t gmem_memory_summary(int device, char* buf, size_t size, size_t* ne
     DeviceContext& context = gmem::capi::context(device);
     gmem::SummaryOptions options;
     options.device = std::to_string(context.index);
-    copy_text(gmem::format_summary(context.engine->stats(), gmem::capi::tracked_top(context),
+    copy_text(gmem::format_summary(context.engine->detailed_stats(), gmem::capi::tracked_top(context),
                                    options),
               buf, size, needed);
   });

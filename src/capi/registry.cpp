@@ -132,7 +132,6 @@ class Registry {
     context->index = device;
     Opened opened = open_device(device);
     context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
-    apply_environment(opened.options);
     context->engine = std::make_unique<Engine>(*context->device, opened.options);
     DeviceContext* created = context.release();  // kept for the life of the process
     in_order_.push_back(created);
@@ -180,14 +179,6 @@ class Registry {
     std::unique_ptr<Device> device;
     EngineOptions options;
   };
-
-  // GMEM_CACHE_SLACK: a fixed EngineOptions::cache_slack (e.g. 0.015625: memory first).
-  static void apply_environment(EngineOptions& options) {
-    if (const char* slack = std::getenv("GMEM_CACHE_SLACK")) {
-      options.cache_slack = parse_cache_slack(slack, "GMEM_CACHE_SLACK");
-      options.adaptive_slack = false;
-    }
-  }
 
   Opened open_device(int device) const {
     if (backend_ == Backend::sim) {

@@ -3,26 +3,85 @@
 
 namespace gmem {
 
+namespace {
+
+using Scalar = std::int64_t MemoryStats::*;
+constexpr std::pair<std::string_view, Scalar> kScalars[] = {
+    {"num_alloc_retries", &MemoryStats::num_alloc_retries},
+    {"num_ooms", &MemoryStats::num_ooms},
+    {"num_device_alloc", &MemoryStats::num_device_alloc},
+    {"num_device_free", &MemoryStats::num_device_free},
+    {"num_sync_all_streams", &MemoryStats::num_sync_all_streams},
+    {"gmem.num_maps", &MemoryStats::num_maps},
+    {"gmem.num_unmaps", &MemoryStats::num_unmaps},
+    {"gmem.num_stitches", &MemoryStats::num_stitches},
+    {"gmem.chunks_held", &MemoryStats::chunks_held},
+    {"gmem.chunks_mapped", &MemoryStats::chunks_mapped},
+    {"gmem.mapped_pages", &MemoryStats::mapped_pages},
+    {"gmem.granularity", &MemoryStats::granularity},
+    {"gmem.memory_limit", &MemoryStats::memory_limit},
+    {"gmem.largest_free_range", &MemoryStats::largest_free_range},
+    {"gmem.free_mapped_bytes", &MemoryStats::free_mapped_bytes},
+    {"gmem.free_unmapped_bytes", &MemoryStats::free_unmapped_bytes},
+    {"gmem.partial_page_bytes", &MemoryStats::partial_page_bytes},
+    {"gmem.small_slack_bytes", &MemoryStats::small_slack_bytes},
+};
+
+constexpr std::pair<std::string_view, PoolStats MemoryStats::*> kPooled[] = {
+    {"allocated_bytes", &MemoryStats::allocated_bytes},
+    {"requested_bytes", &MemoryStats::requested_bytes},
+    {"active_bytes", &MemoryStats::active_bytes},
+    {"reserved_bytes", &MemoryStats::reserved_bytes},
+    {"inactive_split_bytes", &MemoryStats::inactive_split_bytes},
+    {"allocation", &MemoryStats::allocation},
+    {"active", &MemoryStats::active},
+    {"segment", &MemoryStats::segment},
+    {"inactive_split", &MemoryStats::inactive_split},
+};
+constexpr std::string_view kPoolNames[] = {"all", "small_pool", "large_pool"};  // by StatPool
+
+// Removes `prefix` and a following '.' from the front of `name`.
+bool eat(std::string_view& name, std::string_view prefix) {
+  if (name.size() <= prefix.size() || !name.starts_with(prefix) || name[prefix.size()] != '.')
+    return false;
+  name.remove_prefix(prefix.size() + 1);
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> MemoryStats::find(std::string_view name) const {
+  for (const auto& [stat, member] : kPooled) {
+    std::string_view rest = name;
+    if (!eat(rest, stat)) continue;
+    for (int pool = kAllPools; pool <= kLargePool; ++pool) {
+      std::string_view field = rest;
+      if (!eat(field, kPoolNames[pool])) continue;
+      const Stat& s = (this->*member)[pool];
+      if (field == "current") return s.current;
+      if (field == "peak") return s.peak;
+      if (field == "allocated") return s.allocated;
+      if (field == "freed") return s.freed;
+    }
+    return std::nullopt;
+  }
+  for (const auto& [stat, member] : kScalars)
+    if (stat == name) return this->*member;
+  return std::nullopt;
+}
+
+bool MemoryStats::is_derived(std::string_view name) {
+  return name.starts_with("inactive_split") || name == "gmem.largest_free_range";
+}
+
 std::vector<std::pair<std::string, std::int64_t>> MemoryStats::flatten() const {
   std::vector<std::pair<std::string, std::int64_t>> out;
   out.reserve(9 * 3 * 4 + 5 + 12);
 
-  const std::pair<const char*, const PoolStats*> pooled[] = {
-      {"allocated_bytes", &allocated_bytes},
-      {"requested_bytes", &requested_bytes},
-      {"active_bytes", &active_bytes},
-      {"reserved_bytes", &reserved_bytes},
-      {"inactive_split_bytes", &inactive_split_bytes},
-      {"allocation", &allocation},
-      {"active", &active},
-      {"segment", &segment},
-      {"inactive_split", &inactive_split},
-  };
-  const char* pool_names[] = {"all", "small_pool", "large_pool"};  // indexed by StatPool
-  for (const auto& [name, pools] : pooled) {
+  for (const auto& [name, member] : kPooled) {
     for (int pool = kAllPools; pool <= kLargePool; ++pool) {
-      const Stat& stat = (*pools)[pool];
-      const std::string prefix = std::string(name) + "." + pool_names[pool] + ".";
+      const Stat& stat = (this->*member)[pool];
+      const std::string prefix = std::string(name) + "." + std::string(kPoolNames[pool]) + ".";
       out.emplace_back(prefix + "current", stat.current);
       out.emplace_back(prefix + "peak", stat.peak);
       out.emplace_back(prefix + "allocated", stat.allocated);
@@ -30,24 +89,7 @@ std::vector<std::pair<std::string, std::int64_t>> MemoryStats::flatten() const {
     }
   }
 
-  out.emplace_back("num_alloc_retries", num_alloc_retries);
-  out.emplace_back("num_ooms", num_ooms);
-  out.emplace_back("num_device_alloc", num_device_alloc);
-  out.emplace_back("num_device_free", num_device_free);
-  out.emplace_back("num_sync_all_streams", num_sync_all_streams);
-
-  out.emplace_back("gmem.num_maps", num_maps);
-  out.emplace_back("gmem.num_unmaps", num_unmaps);
-  out.emplace_back("gmem.num_stitches", num_stitches);
-  out.emplace_back("gmem.chunks_held", chunks_held);
-  out.emplace_back("gmem.chunks_mapped", chunks_mapped);
-  out.emplace_back("gmem.granularity", granularity);
-  out.emplace_back("gmem.memory_limit", memory_limit);
-  out.emplace_back("gmem.largest_free_range", largest_free_range);
-  out.emplace_back("gmem.free_mapped_bytes", free_mapped_bytes);
-  out.emplace_back("gmem.free_unmapped_bytes", free_unmapped_bytes);
-  out.emplace_back("gmem.partial_page_bytes", partial_page_bytes);
-  out.emplace_back("gmem.small_slack_bytes", small_slack_bytes);
+  for (const auto& [name, member] : kScalars) out.emplace_back(name, this->*member);
   return out;
 }
 

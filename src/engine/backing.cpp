@@ -1,14 +1,25 @@
-// Physical memory behind virtual ranges: taking ranges and mapping their pages, stitching
-// (unmapping a cached free page and mapping its chunk where it is needed), and reclaiming under
-// pressure. Every path that fails puts back what it took, so invariants hold after an error.
+// Physical memory behind virtual ranges: placing a range, mapping its pages, stitching (mapping
+// a free chunk where it is needed, as an alias: it stays mapped where it was), and reclaiming
+// under pressure. Every path that fails puts back what it took, so invariants hold after an error.
+//
+// Why aliases: a training step that repeats asks for the same blocks in the same order, so the
+// engine places them at the same addresses every step. If stitching unmapped a chunk to move it,
+// the page it left would be missing the next time its address came round, and every step would
+// stitch again (~60 us a page on a GPU). With aliases, the first steps map every page the layout
+// touches, each page keeps its chunk, and later steps make no device calls. Physical memory is
+// what counts: a chunk is created only when no free chunk can be mapped instead, so reserved
+// memory tracks the pages that live blocks touch.
 #include <algorithm>
+#include <unordered_set>
 
 #include "engine/engine_impl.hpp"
 
 namespace gmem {
 
+using detail::Arena;
+using detail::ChunkId;
+using detail::kNoChunk;
 using detail::kNoNode;
-using detail::kNoPage;
 using detail::NodeId;
 using detail::Page;
 using detail::PageId;
@@ -17,6 +28,22 @@ using detail::page_id;
 namespace {
 // How far acquire_chunk had to go; the malloc's stats say so.
 enum Stage : int { kFromCache = 0, kStitched = 1, kRetried = 2 };
+// Blocks at least this large are placed at the top of their free range, the rest at the bottom:
+// the two kinds then keep to their own ends of the address space, and a big block's range stays
+// whole for its next use.
+constexpr std::size_t kTopDownBytes = std::size_t{16} << 20;
+std::size_t offset_in(const detail::RangeNode& fit, std::size_t bytes) {
+  return bytes >= kTopDownBytes ? fit.size - bytes : 0;
+}
+// A page that has had to be remapped twice (its chunk was busy elsewhere when it was needed)
+// gets a new chunk rather than another free one, while reserved memory stays within a share of
+// the most pages ever used at once (1/kClashShare, plus kClashPages). Without it, a layout whose
+// pages take turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35
+// pages a step). A program that never repeats (a random churn) keeps clashing: each time the
+// clashes reach a quarter of the pages in use, the share doubles, up to 1/kMinClashShare.
+constexpr std::size_t kClashShare = 200;
+constexpr std::size_t kMinClashShare = 8;
+constexpr std::size_t kClashPages = 4;
 }  // namespace
 
 std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
@@ -30,36 +57,67 @@ std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
     oom_reason_ = "address space";
     throw_oom(min_bytes, streams_.stream(si));
   }
-  const std::uint32_t index = pages_.add_arena(size >> page_shift_, si);
-  arenas_.push_back(std::make_unique<detail::Arena>(base, size, si));
-  slabs_.add_arena();
+  try {
+    arenas_.reserve(arenas_.size() + 1);
+    stream_arenas_[si].reserve(stream_arenas_[si].size() + 1);
+    auto arena = std::make_unique<Arena>(base, size, size >> page_shift_, si);
+    slabs_.add_arena();
+    arenas_.push_back(std::move(arena));
+  } catch (...) {
+    try { device_.release_address(base, size); } catch (...) {}
+    throw;
+  }
+  const auto index = static_cast<std::uint32_t>(arenas_.size() - 1);
   stream_arenas_[si].push_back(index);
   return index;
 }
 
+std::pair<std::size_t, std::size_t> Engine::Impl::page_span(std::uint32_t arena, DevicePtr addr,
+                                                            std::size_t bytes) const {
+  const DevicePtr base = arenas_[arena]->ranges.base();
+  return {(addr - base) >> page_shift_, (addr + bytes - 1 - base) >> page_shift_};
+}
+
+// --- placement ----------------------------------------------------------------------------------
+
+bool Engine::Impl::page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
+  if (!page.aliased) return true;  // its chunk was last used here, by this arena's stream
+  const std::uint32_t stream = arenas_[arena]->stream;
+  const PageId self = page_id(arena, static_cast<std::uint32_t>(index));
+  const detail::Chunk& chunk = chunks_.at(page.chunk);
+  for (std::uint32_t k = 0; k < chunk.maps; ++k) {
+    const PageId other = chunk.pages[k];
+    if (other == self) continue;
+    const Arena& a = *arenas_[detail::arena_of(other)];
+    const Page& p = a.pages.get(detail::index_of(other));
+    if (p.refs > 0) return false;  // busy through another alias
+    if (a.stream != stream && !streams_.done(a.stream, p.free_seq)) return false;
+  }
+  return true;
+}
+
+Engine::Impl::Placement Engine::Impl::place(std::uint32_t si, std::size_t bytes) {
+  // The best fit, at its end for the block's kind. The choice depends on the free ranges alone,
+  // not on what is mapped where: a step that repeats its requests then repeats its layout, and
+  // finds its pages mapped. (Preferring ranges that happen to be mapped moves the layout, and
+  // with it the pages to map, every step.)
+  for (std::uint32_t a : stream_arenas_[si]) {
+    if (const NodeId node = arenas_[a]->ranges.find(bytes); node != kNoNode)
+      return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
+  }
+  const std::uint32_t a = add_arena(si, bytes);
+  const NodeId node = arenas_[a]->ranges.find(bytes);
+  return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
+}
+
 std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std::size_t bytes,
                                                           std::size_t requested) {
-  Placement place = best_fit(si, bytes);
-  if (place.node == kNoNode) {
-    const std::uint32_t arena = add_arena(si, bytes);
-    place = Placement{arena, arenas_[arena]->ranges.find(bytes), 0};
-  }
-  // Big blocks at the top of their range, the rest at the bottom: the two kinds then keep to
-  // their own ends of the address space and a big block's range stays whole for its next use.
-  const detail::RangeNode& fit = arenas_[place.arena]->ranges.node(place.node);
-  if (bytes >= kTopDownBytes) place.offset = fit.size - bytes;
-  if (unmapped_pages(place.arena, fit.addr + place.offset, bytes) > 0) {
-    // The other end of the same range may be mapped already (cheapest_fit's last choice);
-    // else the slow path: avoid stitching where some mapped range fits.
-    const std::size_t other = place.offset == 0 ? fit.size - bytes : 0;
-    if (unmapped_pages(place.arena, fit.addr + other, bytes) == 0) place.offset = other;
-    else place = cheapest_fit(si, bytes);
-  }
-  detail::RangeAllocator& ranges = arenas_[place.arena]->ranges;
-  const NodeId node = ranges.take(place.node, bytes, place.offset);
+  const Placement place_at = place(si, bytes);
+  detail::RangeAllocator& ranges = arenas_[place_at.arena]->ranges;
+  const NodeId node = ranges.take(place_at.node, bytes, place_at.offset);
   bool backed = false;
   try {
-    backed = back_pages(place.arena, ranges.node(node).addr, bytes);
+    backed = back_pages(place_at.arena, ranges.node(node).addr, bytes);
   } catch (...) {
     ranges.release(node);
     throw;
@@ -68,54 +126,12 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
     ranges.release(node);
     // Chunks created for this request stay with the device, not idle in gmem's hands.
     try {
-      while (!spare_chunks_.empty()) {
-        release_chunk(spare_chunks_.back());
-        spare_chunks_.pop_back();
-      }
+      while (chunks_.has_spare()) release_chunk(chunks_.any_spare());
     } catch (const DeviceError&) {  // kept as spare: the OOM is the news here
     }
     throw_oom(requested, streams_.stream(si));
   }
-  return {place.arena, node};
-}
-
-Engine::Impl::Placement Engine::Impl::best_fit(std::uint32_t si, std::size_t bytes) const {
-  for (std::uint32_t a : stream_arenas_[si])
-    if (const NodeId node = arenas_[a]->ranges.find(bytes); node != kNoNode) return {a, node, 0};
-  return {0, kNoNode, 0};
-}
-
-std::size_t Engine::Impl::unmapped_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) const {
-  const std::vector<Page>& pages = pages_.arena(arena);
-  const DevicePtr base = arenas_[arena]->ranges.base();
-  const std::size_t first = (addr - base) >> page_shift_, last = (addr + bytes - 1 - base) >> page_shift_;
-  std::size_t count = 0;
-  for (std::size_t i = first; i <= last; ++i) count += pages[i].chunk == 0;
-  return count;
-}
-
-Engine::Impl::Placement Engine::Impl::cheapest_fit(std::uint32_t si, std::size_t bytes) const {
-  // Among the smallest fitting ranges, the placement (at either end) needing the fewest new
-  // pages; ties go to the smaller range. Stitching in a loop would otherwise move the same
-  // pages back and forth every step.
-  Placement best{0, kNoNode, 0};
-  std::size_t best_cost = ~std::size_t{0}, best_size = 0;
-  for (std::uint32_t a : stream_arenas_[si]) {
-    const detail::RangeAllocator& ranges = arenas_[a]->ranges;
-    ranges.for_each_fit(bytes, 32, [&](NodeId id) {
-      const detail::RangeNode& n = ranges.node(id);
-      for (std::size_t offset : {n.size - bytes, std::size_t{0}}) {
-        const std::size_t cost = unmapped_pages(a, n.addr + offset, bytes);
-        if (cost < best_cost || (cost == best_cost && n.size < best_size)) {
-          best = {a, id, offset};
-          best_cost = cost;
-          best_size = n.size;
-        }
-      }
-      return best_cost == 0;
-    });
-  }
-  return best;
+  return {place_at.arena, node};
 }
 
 void Engine::Impl::release_range(std::uint32_t arena, NodeId node) {
@@ -125,77 +141,89 @@ void Engine::Impl::release_range(std::uint32_t arena, NodeId node) {
   ranges.release(node);
 }
 
+// --- pages --------------------------------------------------------------------------------------
+
 void Engine::Impl::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes,
                                std::uint64_t stamp) {
-  std::vector<Page>& pages = pages_.arena(arena);
-  const DevicePtr base = arenas_[arena]->ranges.base();
-  const std::size_t first = (addr - base) >> page_shift_, last = (addr + bytes - 1 - base) >> page_shift_;
+  detail::PageTable& pages = arenas_[arena]->pages;
+  const auto [first, last] = page_span(arena, addr, bytes);
   for (std::size_t i = first; i <= last; ++i) {
-    Page& p = pages[i];
+    Page& p = pages.at(i);
     if (--p.refs == 0) {
       p.free_seq = stamp;
-      if (p.chunk) pages_.push_cached(page_id(arena, static_cast<std::uint32_t>(i)));
+      --used_pages_;
+      if (!p.mapped()) continue;  // a failed malloc's rollback
+      ++free_pages_;
+      freed_pages_.push_back(page_id(arena, static_cast<std::uint32_t>(i)));
     }
   }
+  if (freed_pages_.size() > 2 * free_pages_ + 1024) [[unlikely]] compact_freed_pages();
 }
 
 bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
-  std::vector<Page>& pages = pages_.arena(arena);
-  const DevicePtr base = arenas_[arena]->ranges.base();
-  const std::size_t first = (addr - base) >> page_shift_, last = (addr + bytes - 1 - base) >> page_shift_;
-  bool missing = false;
+  detail::PageTable& pages = arenas_[arena]->pages;
+  const auto [first, last] = page_span(arena, addr, bytes);
+  bool ready = true;
+  const std::uint32_t now = ++clock_;
   for (std::size_t i = first; i <= last; ++i) {
-    Page& p = pages[i];
-    if (p.refs++ == 0 && p.chunk) pages_.remove_cached(page_id(arena, static_cast<std::uint32_t>(i)));
-    missing |= p.chunk == 0;
+    Page& p = pages.at(i);
+    if (p.refs++ > 0) continue;  // shared with a live neighbour: its chunk is busy here already
+    if (++used_pages_ > peak_used_) peak_used_ = used_pages_;
+    p.reuse = now - p.last_use;
+    p.last_use = now;
+    if (p.mapped()) --free_pages_;
+    // Checked in address order with refs already taken, so that one block never gets a chunk
+    // twice through two of its pages.
+    ready &= p.mapped() && page_ready(arena, i, p);
   }
-  if (!missing) return true;  // the steady state: every page already mapped
+  if (ready) [[likely]] return true;  // the steady state: every page mapped, its chunk free
 
-  // Slow path: find a chunk for every unmapped page, map them, then set access run by run.
-  std::vector<std::size_t> need;
-  for (std::size_t i = first; i <= last; ++i)
-    if (!pages[i].chunk) need.push_back(i);
-  std::vector<ChunkHandle> chunks;
-  std::size_t mapped = 0;
+  // Slow path: remap the pages whose chunk is busy elsewhere, map the missing ones, then set
+  // access run by run.
+  const std::uint32_t stream = arenas_[arena]->stream;
+  std::vector<std::size_t> mapped_now;
   int stage = kFromCache;
   auto rollback = [&] {
-    for (std::size_t k = 0; k < mapped; ++k) {
-      Page& p = pages[need[k]];
+    for (std::size_t k = mapped_now.size(); k-- > 0;) {
       try {
-        device_.unmap(base + (need[k] << page_shift_), granularity_);
-        p.chunk = 0;
-        pages_.add_mapped(-1);
-        ++stats_.num_unmaps;
-      } catch (...) {  // still mapped: the page keeps its chunk and is cached below
-        chunks[k] = 0;
+        unmap_page(page_id(arena, static_cast<std::uint32_t>(mapped_now[k])));
+      } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
       }
     }
-    for (ChunkHandle c : chunks)
-      if (c) spare_chunks_.push_back(c);
-    unref_pages(arena, addr, bytes, streams_.stamp(arenas_[arena]->stream));
+    unref_pages(arena, addr, bytes, streams_.stamp(stream));
   };
   try {
-    while (chunks.size() < need.size()) {
-      const ChunkHandle c = acquire_chunk(stage);
-      if (!c) {
+    for (std::size_t i = first; i <= last; ++i) {
+      Page& p = pages.at(i);
+      const bool conflict = p.mapped();
+      if (conflict) {
+        if (p.refs > 1 || page_ready(arena, i, p)) continue;
+        // Refs were taken in order, so an alias of this chunk among earlier pages of this block
+        // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
+        if (!streams_.done(stream, p.free_seq)) {
+          streams_.catch_up(stream, true);
+          ++stats_.num_sync_all_streams;
+        }
+        unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
+      }
+      const bool again = conflict && p.clashed;
+      if (conflict) p.clashed = 1;
+      const ChunkId chunk = acquire_chunk(stream, stage, again);
+      if (chunk == kNoChunk) {
         rollback();
         return false;
       }
-      chunks.push_back(c);
+      map_page(arena, i, chunk);
+      mapped_now.push_back(i);
     }
-    for (; mapped < need.size(); ++mapped) {
-      device_.map(base + (need[mapped] << page_shift_), granularity_, chunks[mapped]);
-      pages[need[mapped]].chunk = chunks[mapped];
-      pages_.add_mapped(1);
-      ++stats_.num_maps;
-    }
-    for (std::size_t k = 0; k < need.size();) {  // one set_access per contiguous run
+    const DevicePtr base = arenas_[arena]->ranges.base();
+    for (std::size_t k = 0; k < mapped_now.size();) {  // one set_access per contiguous run
       std::size_t end = k + 1;
-      while (end < need.size() && need[end] == need[end - 1] + 1) ++end;
-      const DevicePtr va = base + (need[k] << page_shift_);
+      while (end < mapped_now.size() && mapped_now[end] == mapped_now[end - 1] + 1) ++end;
+      const DevicePtr va = base + (mapped_now[k] << page_shift_);
       const std::size_t len = (end - k) << page_shift_;
       device_.set_access(va, len);
-      if (log_) log_->on_map(va, len);
+      if (observer_) observer_->on_map(va, len);
       k = end;
     }
   } catch (...) {
@@ -207,115 +235,226 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
   return true;
 }
 
-ChunkHandle Engine::Impl::acquire_chunk(int& stage) {
-  if (!spare_chunks_.empty()) {
-    const ChunkHandle c = spare_chunks_.back();
-    spare_chunks_.pop_back();
-    return c;
+void Engine::Impl::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
+  const DevicePtr va = arenas_[arena]->ranges.base() + (index << page_shift_);
+  detail::Chunk& c = chunks_.at(chunk);
+  device_.map(va, granularity_, c.handle);
+  const PageId id = page_id(arena, static_cast<std::uint32_t>(index));
+  Page& p = arenas_[arena]->pages.at(index);
+  p.chunk = chunk;
+  chunks_.add_map(chunk, id);
+  if (c.maps > 1)
+    for (std::uint32_t k = 0; k < c.maps; ++k)
+      arenas_[detail::arena_of(c.pages[k])]->pages.at(detail::index_of(c.pages[k])).aliased = 1;
+  if (p.refs == 0) {
+    ++free_pages_;
+    freed_pages_.push_back(id);
   }
-  // Grow freely up to a little over what the program has ever had allocated (cache_slack):
-  // a training loop then caches what it needs. Beyond that, reuse cached free pages first, so
-  // reserved memory tracks live memory instead of fragmentation.
-  const std::size_t next = (chunks_held_ + 1) * granularity_;
-  const bool within_budget = !options_.reuse_before_grow || next <= growth_budget();
-  if (!within_budget) {
-    if (const ChunkHandle c = steal_cached_page(false)) {
-      stage = std::max(stage, int{kStitched});
-      note_stitch();
-      return c;
-    }
-  }
-  if (const ChunkHandle c = create_chunk()) return c;
-  // Pressure: stitch from cached pages, waiting for other streams, then from released slabs
-  // and frees pending on other streams.
-  stage = std::max(stage, int{kStitched});
-  if (const ChunkHandle c = steal_cached_page(false)) return c;
-  stage = kRetried;
-  if (const ChunkHandle c = steal_cached_page(true)) return c;
-  release_spare_slabs();
-  if (!pending_.empty()) process_pending(true);
-  return steal_cached_page(true);
-}
-
-void Engine::Impl::note_stitch() {
-  // Stitching costs device calls (on a GPU ~60 us a page). When a program keeps stitching
-  // within its budget (a churn with no repeating layout), double the slack, up to kMaxSlack:
-  // a little memory for a steady state without device calls.
-  stitched_bytes_ += granularity_;
-  if (options_.adaptive_slack && stitched_bytes_ > high_water_ / 4 && slack_ < kMaxSlack) {
-    slack_ = std::min(kMaxSlack, std::max(slack_ * 2, 1.0 / 64));
-    stitched_bytes_ = 0;
-  }
-}
-
-std::size_t Engine::Impl::growth_budget() const {
-  const std::size_t high_water = std::max(high_water_, allocating_);
-  return high_water + static_cast<std::size_t>(static_cast<double>(high_water) * slack_) +
-         2 * granularity_;
-}
-
-ChunkHandle Engine::Impl::create_chunk() {
-  if ((chunks_held_ + 1) * granularity_ > limit_) {
-    oom_reason_ = "limit";
-    return 0;
-  }
-  try {
-    const ChunkHandle c = device_.create_chunk(granularity_);
-    ++chunks_held_;
-    ++stats_.num_device_alloc;
-    for (int pool : {kAllPools, kLargePool}) {
-      stats_.reserved_bytes[pool].increase(static_cast<std::int64_t>(granularity_));
-      stats_.segment[pool].increase(1);
-    }
-    return c;
-  } catch (const DeviceError& e) {
-    if (!e.device_out_of_memory()) throw;
-    oom_reason_ = "device";
-    return 0;
-  }
-}
-
-ChunkHandle Engine::Impl::steal_cached_page(bool wait) {
-  std::vector<bool> polled(streams_.size(), false);
-  for (PageId id = pages_.newest_cached(); id != kNoPage; id = pages_.prev_cached(id)) {
-    const Page& p = pages_.at(id);
-    if (!streams_.done(p.stream, p.free_seq)) {
-      // Unmapping takes effect at once, not in stream order: kernels queued before the free
-      // may still be using the page, even on the requesting stream. Its chunk may move only
-      // once the freeing stream has caught up.
-      if (polled[p.stream]) continue;
-      polled[p.stream] = true;
-      if (wait) ++stats_.num_sync_all_streams;
-      if (!streams_.catch_up(p.stream, wait) && !streams_.done(p.stream, p.free_seq)) continue;
-    }
-    const ChunkHandle chunk = p.chunk;
-    unmap_page(id);
-    return chunk;
-  }
-  return 0;
+  ++stats_.num_maps;
 }
 
 void Engine::Impl::unmap_page(PageId id) {
-  const std::uint32_t arena = static_cast<std::uint32_t>(id >> 32);
-  const std::size_t index = id & 0xffffffffu;
-  const DevicePtr va = arenas_[arena]->ranges.base() + (index << page_shift_);
+  Arena& a = *arenas_[detail::arena_of(id)];
+  const std::size_t index = detail::index_of(id);
+  const DevicePtr va = a.ranges.base() + (index << page_shift_);
   device_.unmap(va, granularity_);
-  pages_.remove_cached(id);
-  pages_.at(id).chunk = 0;
-  pages_.add_mapped(-1);
+  Page& p = a.pages.at(index);
+  const ChunkId chunk = p.chunk;
+  chunks_.remove_map(chunk, id);
+  p.chunk = kNoChunk;
+  p.aliased = 0;
+  if (p.refs == 0) --free_pages_;
+  const detail::Chunk& c = chunks_.at(chunk);
+  if (c.maps == 1)
+    arenas_[detail::arena_of(c.pages[0])]->pages.at(detail::index_of(c.pages[0])).aliased = 0;
+  // The alias that kept the chunk busy may have been this one: list the chunk again, through a
+  // page where it stays (its earlier entries may have been dropped while it was busy).
+  if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.push_back(c.pages[0]);
   ++stats_.num_unmaps;
-  if (log_) log_->on_unmap(va, granularity_);
+  if (observer_) observer_->on_unmap(va, granularity_);
 }
 
-void Engine::Impl::release_chunk(ChunkHandle chunk) {
-  device_.release_chunk(chunk);
-  --chunks_held_;
+// --- chunks -------------------------------------------------------------------------------------
+
+ChunkId Engine::Impl::acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before) {
+  if (chunks_.has_spare()) return chunks_.any_spare();
+  if (clashed_before) {
+    if (++clashes_ > peak_used_ / 4 && clash_share_ > kMinClashShare) {
+      clash_share_ /= 2;
+      clashes_ = 0;
+    }
+    if (chunks_.held() < peak_used_ + peak_used_ / clash_share_ + kClashPages)
+      if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
+  }
+  // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
+  if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {
+    stage = std::max(stage, int{kStitched});
+    return c;
+  }
+  if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
+  // Pressure: wait for other streams to release their free chunks, then give back empty slabs
+  // and frees pending on other streams.
+  stage = kRetried;
+  if (const ChunkId c = steal_free_chunk(stream, true); c != kNoChunk) return c;
+  release_spare_slabs();
+  if (!pending_.empty()) process_pending(true);
+  if (chunks_.has_spare()) return chunks_.any_spare();
+  return steal_free_chunk(stream, true);
+}
+
+bool Engine::Impl::chunk_busy(ChunkId chunk) const {
+  const detail::Chunk& c = chunks_.at(chunk);
+  for (std::uint32_t k = 0; k < c.maps; ++k)
+    if (arenas_[detail::arena_of(c.pages[k])]->pages.get(detail::index_of(c.pages[k])).refs > 0)
+      return true;
+  return false;
+}
+
+bool Engine::Impl::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll) {
+  const detail::Chunk& c = chunks_.at(chunk);
+  for (std::uint32_t k = 0; k < c.maps; ++k) {
+    const Arena& a = *arenas_[detail::arena_of(c.pages[k])];
+    const Page& p = a.pages.get(detail::index_of(c.pages[k]));
+    if (p.refs > 0) return false;
+    if (a.stream == stream || streams_.done(a.stream, p.free_seq)) continue;
+    if (!poll || !streams_.catch_up(a.stream, false) || !streams_.done(a.stream, p.free_seq))
+      return false;
+  }
+  return true;
+}
+
+ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
+  // Which free chunk to take decides whether the layout settles: a chunk taken from a page that
+  // is needed again while the thief still holds it must be stitched back (and the page it then
+  // takes from, and so on). So take the one whose pages are due last: each page's next use is
+  // predicted from its last two (a training step repeats), among the oldest frees (they are
+  // also the likeliest to be done on other streams).
+  static constexpr int kWeighed = 64;
+  std::size_t best = freed_pages_.size();
+  std::int64_t best_due = 0;
+  int weighed = 0;
+  for (std::size_t k = freed_head_; k < freed_pages_.size() && weighed < kWeighed; ++k) {
+    const PageId id = freed_pages_[k];
+    if (id == detail::kNoPage) continue;
+    const Arena& a = *arenas_[detail::arena_of(id)];
+    const Page& p = a.pages.get(detail::index_of(id));
+    // Stale (used again, or unmapped since), or its chunk busy through another alias (which is
+    // listed itself when freed): never worth another look.
+    if (p.refs > 0 || !p.mapped() || (p.aliased && chunk_busy(p.chunk))) {
+      if (k == freed_head_) ++freed_head_;
+      else freed_pages_[k] = detail::kNoPage;
+      continue;
+    }
+    if (a.stream != stream && wait && !streams_.done(a.stream, p.free_seq)) {
+      streams_.catch_up(a.stream, true);
+      ++stats_.num_sync_all_streams;
+    }
+    if (!chunk_free_for(p.chunk, stream, true)) continue;
+    ++weighed;
+    const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
+    if (best == freed_pages_.size() || due > best_due) {
+      best = k;
+      best_due = due;
+    }
+  }
+  if (freed_head_ > 4096 && freed_head_ * 2 > freed_pages_.size()) {
+    freed_pages_.erase(freed_pages_.begin(), freed_pages_.begin() + static_cast<std::ptrdiff_t>(freed_head_));
+    best -= std::min(best, freed_head_);  // (best == size() stays "none" below)
+    if (best >= freed_pages_.size()) best = freed_pages_.size();
+    freed_head_ = 0;
+  }
+  if (best == freed_pages_.size()) return kNoChunk;
+  const PageId id = freed_pages_[best];
+  const Arena& a = *arenas_[detail::arena_of(id)];
+  const Page& p = a.pages.get(detail::index_of(id));
+  const ChunkId chunk = p.chunk;
+  if (chunks_.at(chunk).maps == detail::Chunk::kMaxMaps) {
+    // Enough aliases: this one (free, and done on its stream) makes room for the next.
+    if (!streams_.done(a.stream, p.free_seq) && !streams_.catch_up(a.stream, true))
+      return kNoChunk;
+    unmap_page(id);
+  }
+  return chunk;
+}
+
+void Engine::Impl::compact_freed_pages() {
+  // Keep one entry per page that could still give a chunk: mapped, free, its chunk not busy
+  // through another alias (when that alias is freed, it is listed itself).
+  std::vector<PageId> kept;
+  kept.reserve(free_pages_ + 1024);
+  for (std::size_t k = freed_head_; k < freed_pages_.size(); ++k) {
+    const PageId id = freed_pages_[k];
+    if (id == detail::kNoPage) continue;
+    const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
+    if (p.refs > 0 || !p.mapped() || (p.aliased && chunk_busy(p.chunk))) continue;
+    kept.push_back(id);
+  }
+  freed_head_ = 0;
+  // Each page once, at its newest position.
+  std::unordered_set<PageId> seen;
+  seen.reserve(kept.size());
+  std::vector<PageId> unique;
+  unique.reserve(kept.size() + 1024);
+  for (std::size_t k = kept.size(); k-- > 0;)
+    if (seen.insert(kept[k]).second) unique.push_back(kept[k]);
+  std::reverse(unique.begin(), unique.end());
+  freed_pages_ = std::move(unique);
+}
+
+ChunkId Engine::Impl::create_chunk() {
+  if ((chunks_.held() + 1) * granularity_ > limit_) {
+    oom_reason_ = "limit";
+    return kNoChunk;
+  }
+  ChunkHandle handle = 0;
+  try {
+    handle = device_.create_chunk(granularity_);
+  } catch (const DeviceError& e) {
+    if (!e.device_out_of_memory()) throw;
+    oom_reason_ = "device";
+    return kNoChunk;
+  }
+  ChunkId id;
+  try {
+    id = chunks_.add(handle);
+  } catch (...) {
+    try { device_.release_chunk(handle); } catch (...) {}
+    throw;
+  }
+  ++stats_.num_device_alloc;
+  for (int pool : {kAllPools, kLargePool}) {
+    stats_.reserved_bytes[pool].increase(static_cast<std::int64_t>(granularity_));
+    stats_.segment[pool].increase(1);
+  }
+  return id;
+}
+
+void Engine::Impl::release_chunk(ChunkId chunk) {
+  device_.release_chunk(chunks_.at(chunk).handle);
+  chunks_.remove(chunk);
   ++stats_.num_device_free;
   for (int pool : {kAllPools, kLargePool}) {
     stats_.reserved_bytes[pool].decrease(static_cast<std::int64_t>(granularity_));
     stats_.segment[pool].decrease(1);
   }
 }
+
+bool Engine::Impl::unmap_chunk(ChunkId chunk, bool wait) {
+  detail::Chunk& c = chunks_.at(chunk);
+  for (std::uint32_t k = 0; k < c.maps; ++k) {
+    const Arena& a = *arenas_[detail::arena_of(c.pages[k])];
+    const Page& p = a.pages.get(detail::index_of(c.pages[k]));
+    if (p.refs > 0) return false;
+    if (!streams_.done(a.stream, p.free_seq)) {
+      if (wait) ++stats_.num_sync_all_streams;
+      if (!streams_.catch_up(a.stream, wait) && !streams_.done(a.stream, p.free_seq)) return false;
+    }
+  }
+  while (c.maps > 0) unmap_page(c.pages[c.maps - 1]);
+  return true;
+}
+
+// --- reclaiming ---------------------------------------------------------------------------------
 
 void Engine::Impl::release_spare_slabs() {
   for (detail::SlabId id : slabs_.take_spares()) {
@@ -328,20 +467,19 @@ void Engine::Impl::release_spare_slabs() {
 }
 
 void Engine::Impl::trim_to(std::size_t bytes, bool wait) {
-  while (chunks_held_ * granularity_ > bytes && !spare_chunks_.empty()) {
-    release_chunk(spare_chunks_.back());
-    spare_chunks_.pop_back();
+  while (chunks_.held() * granularity_ > bytes && chunks_.has_spare())
+    release_chunk(chunks_.any_spare());
+  // Oldest frees first: the likeliest to be done on their streams.
+  for (std::size_t k = freed_head_; k < freed_pages_.size() && chunks_.held() * granularity_ > bytes; ++k) {
+    const PageId id = freed_pages_[k];
+    if (id == detail::kNoPage) continue;
+    const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
+    if (p.refs > 0 || !p.mapped()) continue;
+    const ChunkId chunk = p.chunk;
+    if (!unmap_chunk(chunk, wait)) continue;
+    release_chunk(chunk);  // on failure it stays held, as a spare
   }
-  while (chunks_held_ * granularity_ > bytes) {
-    const ChunkHandle c = steal_cached_page(wait);
-    if (!c) break;
-    try {
-      release_chunk(c);
-    } catch (...) {
-      spare_chunks_.push_back(c);  // still ours: keep it accounted for
-      throw;
-    }
-  }
+  compact_freed_pages();
 }
 
 void Engine::Impl::empty_cache() {
@@ -355,7 +493,7 @@ void Engine::Impl::set_memory_limit(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   limit_ = bytes ? bytes : device_total_;
   stats_.memory_limit = static_cast<std::int64_t>(limit_);
-  if (chunks_held_ * granularity_ > limit_) {
+  if (chunks_.held() * granularity_ > limit_) {
     release_spare_slabs();
     trim_to(limit_, true);
   }
@@ -371,44 +509,54 @@ void Engine::Impl::throw_oom(std::size_t requested, StreamId stream) {
     info.device_free = device_.mem_info().free;
   } catch (...) {  // the report goes on without it
   }
-  info.reserved = chunks_held_ * granularity_;
+  info.reserved = chunks_.held() * granularity_;
   info.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
   info.largest_free_range = largest_free_range();
-  info.reclaimable = (pages_.cached() + spare_chunks_.size()) * granularity_;
+  info.reclaimable = (chunks_.held() - used_pages_) * granularity_;
   info.reason = oom_reason_;
   ++stats_.num_ooms;
-  if (log_) log_->on_oom(info);
+  if (observer_) observer_->on_oom(info);
   throw OutOfMemoryError(std::move(info));
 }
 
+// --- reading ------------------------------------------------------------------------------------
+
 std::vector<std::pair<DevicePtr, DevicePtr>> Engine::Impl::mapped_ranges() const {
   std::vector<std::pair<DevicePtr, DevicePtr>> out;
-  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const std::vector<Page>& pages = pages_.arena(a);
-    const DevicePtr base = arenas_[a]->ranges.base();
-    for (std::size_t i = 0; i < pages.size(); ++i) {
-      if (!pages[i].chunk) continue;
+  for (const auto& arena : arenas_) {
+    const DevicePtr base = arena->ranges.base();
+    arena->pages.for_each_touched([&](std::size_t i, const Page& page) {
+      if (!page.mapped()) return;
       const DevicePtr begin = base + (i << page_shift_);
       if (!out.empty() && out.back().second == begin) out.back().second += granularity_;
       else out.emplace_back(begin, begin + granularity_);
-    }
+    });
   }
   return out;
 }
 
 std::size_t Engine::Impl::largest_free_range() const {
+  // The largest free range whose pages are all mapped and ready for its stream.
   std::size_t best = 0;
-  for_each_free_range([&](const detail::RangeAllocator& ranges, const std::vector<Page>& pages,
-                          const detail::RangeNode& n) {
-    std::size_t run = 0;
-    for (DevicePtr pos = n.addr, end = n.addr + n.size; pos < end;) {
-      const std::size_t i = (pos - ranges.base()) >> page_shift_;
-      const DevicePtr page_end = std::min<DevicePtr>(end, ranges.base() + ((i + 1) << page_shift_));
-      run = pages[i].chunk ? run + (page_end - pos) : 0;
-      best = std::max(best, run);
-      pos = page_end;
+  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+    const detail::RangeAllocator& ranges = arenas_[a]->ranges;
+    const detail::PageTable& pages = arenas_[a]->pages;
+    for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
+      const detail::RangeNode& n = ranges.node(id);
+      if (!n.free) continue;
+      std::size_t run = 0;
+      for (DevicePtr pos = n.addr, end = n.addr + n.size; pos < end;) {
+        const std::size_t i = (pos - ranges.base()) >> page_shift_;
+        const DevicePtr page_end =
+            std::min<DevicePtr>(end, ranges.base() + ((i + 1) << page_shift_));
+        const Page& p = pages.get(i);
+        const bool usable = p.refs > 0 || (p.mapped() && page_ready(a, i, p));
+        run = usable ? run + (page_end - pos) : 0;
+        best = std::max(best, run);
+        pos = page_end;
+      }
     }
-  });
+  }
   return best;
 }
 

@@ -1,7 +1,6 @@
 // The engine's hot paths (malloc, free) and its public face. Slow paths live in backing.cpp.
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <string>
 
 #include "engine/engine_impl.hpp"
@@ -30,8 +29,9 @@ Engine::Impl::Impl(Device& device, EngineOptions options)
   page_shift_ = std::countr_zero(granularity_);
   device_total_ = device.mem_info().total;
   limit_ = options.memory_limit ? options.memory_limit : device_total_;
-  slack_ = options.cache_slack;
-  arena_size_ = round_up(options.address_space ? options.address_space : 2 * device_total_,
+  // One device's worth of virtual space per arena: a stream rarely needs a second one, and a
+  // thousand streams stay within the GPU's address space (2^47 bytes and more).
+  arena_size_ = round_up(options.address_space ? options.address_space : device_total_,
                          granularity_);
   stats_.granularity = static_cast<std::int64_t>(granularity_);
   stats_.memory_limit = static_cast<std::int64_t>(limit_);
@@ -43,36 +43,39 @@ Engine::Impl::~Impl() {
     for (EventHandle e : p.events) {
       try { device_.destroy_event(e); } catch (...) {}
     }
-  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    std::vector<detail::Page>& pages = pages_.arena(a);
-    const DevicePtr base = arenas_[a]->ranges.base();
-    for (std::size_t i = 0; i < pages.size(); ++i) {
-      if (!pages[i].chunk) continue;
+  for (const auto& arena : arenas_) {
+    const DevicePtr base = arena->ranges.base();
+    arena->pages.for_each_touched([&](std::size_t i, const detail::Page& page) {
+      if (!page.mapped()) return;
       try {
         device_.unmap(base + (i << page_shift_), granularity_);
-        device_.release_chunk(pages[i].chunk);
       } catch (...) {  // nothing to report to from a destructor
       }
-    }
-    try { device_.release_address(base, arenas_[a]->ranges.size()); } catch (...) {}
+    });
+    try { device_.release_address(base, arena->ranges.size()); } catch (...) {}
   }
-  for (ChunkHandle c : spare_chunks_) {
-    try { device_.release_chunk(c); } catch (...) {}
+  for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
+    if (const ChunkHandle handle = chunks_.at(id).handle) {
+      try { device_.release_chunk(handle); } catch (...) {}
+    }
   }
 }
 
 std::uint32_t Engine::Impl::lookup_stream(StreamId stream) {
-  std::uint32_t index = ~0u;
-  for (const auto& [s, i] : stream_index_)
-    if (s == stream) index = i;
-  if (index == ~0u) {
-    index = streams_.add(stream);
-    stream_index_.emplace_back(stream, index);
-    stream_arenas_.emplace_back();
+  auto [it, fresh] = stream_index_.try_emplace(stream, 0);
+  if (fresh) {
+    try {
+      stream_arenas_.emplace_back();
+      it->second = streams_.add(stream);
+    } catch (...) {
+      if (stream_arenas_.size() > streams_.size()) stream_arenas_.pop_back();
+      stream_index_.erase(it);
+      throw;
+    }
   }
   last_stream_ = stream;
-  last_stream_index_ = index;
-  return index;
+  last_stream_index_ = it->second;
+  return it->second;
 }
 
 void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
@@ -81,15 +84,14 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
     throw Error(Errc::invalid_argument, "malloc(" + std::to_string(size) +
                                             "): larger than any device (a negative size cast?)");
   std::lock_guard lock(mutex_);
-  const FramesId backtrace = log_ ? log_->backtrace() : 0;
-  if (!pending_.empty()) process_pending(false);
+  const std::uint32_t context = observer_ ? observer_->malloc_context() : 0;
+  if (!pending_.empty()) [[unlikely]] process_pending(false);
   const std::uint32_t si = stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   Record record{rounded, size, stream, 0, 0, false, false, false, {}};
-  allocating_ = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current) + rounded;
   const DevicePtr ptr = rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, record)
                                                       : malloc_range(size, rounded, si, record);
-  if (log_) log_->on_alloc(ptr, rounded, stream, backtrace, record.tag);
+  if (observer_) observer_->on_malloc(ptr, rounded, stream, context, record.tag);
   live_.insert(ptr, record);
   count_malloc(record);
   return reinterpret_cast<void*>(ptr);
@@ -138,7 +140,6 @@ DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std:
 }
 
 void Engine::Impl::count_malloc(const Record& record) {
-  high_water_ = std::max(high_water_, allocating_);
   const auto r = static_cast<std::int64_t>(record.size);
   const auto q = static_cast<std::int64_t>(record.requested);
   const int own = record.small ? kSmallPool : kLargePool;
@@ -169,7 +170,7 @@ void Engine::Impl::move_reserved_to_small(std::int64_t bytes) {
 void Engine::Impl::free(void* p) {
   const auto ptr = reinterpret_cast<DevicePtr>(p);
   std::lock_guard lock(mutex_);
-  const FramesId site = log_ && log_->logs_frees() ? log_->call_site() : 0;
+  const std::uint32_t context = observer_ ? observer_->free_context() : 0;
   Record record;
   if (!live_.take(ptr, record)) throw_bad_free(ptr);
   if (record.shared) {
@@ -180,7 +181,7 @@ void Engine::Impl::free(void* p) {
       throw;
     }
   }
-  if (log_) log_->on_free(ptr, record.size, record.stream, record.tag, site);
+  if (observer_) observer_->on_free(ptr, record.size, record.stream, record.tag, context);
   const auto r = static_cast<std::int64_t>(record.size);
   const auto q = static_cast<std::int64_t>(record.requested);
   const int pool = record.small ? kSmallPool : kLargePool;
@@ -300,15 +301,6 @@ void Engine::Impl::reset_accumulated_stats() {
 
 // --- the public face ---------------------------------------------------------------------------
 
-double parse_cache_slack(const std::string& text, const std::string& what) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(value >= 0.0 && value <= 16.0))
-    throw Error(Errc::invalid_argument,
-                what + "=" + text + ": expected a fraction of the high-water mark such as 0.125");
-  return value;
-}
-
 Engine::Engine(Device& device, EngineOptions options)
     : impl_(std::make_unique<Impl>(device, options)) {}
 Engine::~Engine() = default;
@@ -330,7 +322,8 @@ std::size_t Engine::memory_limit() const {
 }
 void Engine::reset_peak_stats() { impl_->reset_peak_stats(); }
 void Engine::reset_accumulated_stats() { impl_->reset_accumulated_stats(); }
-MemoryStats Engine::stats() const { return impl_->stats(); }
+MemoryStats Engine::stats() const { return impl_->stats(false); }
+MemoryStats Engine::detailed_stats() const { return impl_->stats(true); }
 void Engine::check_invariants() const { impl_->check_invariants(); }
 Device& Engine::device() const { return impl_->device_; }
 

@@ -2,6 +2,7 @@
 // full invariant check the tests run after every step.
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 #include <sstream>
 #include <stdexcept>
 
@@ -13,30 +14,33 @@ using detail::kNoNode;
 using detail::NodeId;
 using detail::Page;
 
-MemoryStats Engine::Impl::stats() const {
+MemoryStats Engine::Impl::stats(bool derived) const {
   std::lock_guard lock(mutex_);
   MemoryStats s = stats_;
   const auto gran = static_cast<std::int64_t>(granularity_);
   const auto slab_bytes = static_cast<std::int64_t>(slabs_.bytes());
-  s.chunks_held = static_cast<std::int64_t>(chunks_held_);
-  s.chunks_mapped = static_cast<std::int64_t>(pages_.mapped());
+  const auto held = static_cast<std::int64_t>(chunks_.held());
+  const auto spare = static_cast<std::int64_t>(chunks_.spares());
+  const auto used = static_cast<std::int64_t>(used_pages_);
+  s.chunks_held = held;
+  s.chunks_mapped = held - spare;
+  s.mapped_pages = static_cast<std::int64_t>(chunks_.mapped_pages());
   s.memory_limit = static_cast<std::int64_t>(limit_);
-  s.free_mapped_bytes = static_cast<std::int64_t>(pages_.cached()) * gran;
-  s.free_unmapped_bytes = static_cast<std::int64_t>(spare_chunks_.size()) * gran;
-  s.partial_page_bytes = static_cast<std::int64_t>(pages_.mapped() - pages_.cached()) * gran -
-                         static_cast<std::int64_t>(range_bytes_) - slab_bytes;
+  s.free_mapped_bytes = (held - spare - used) * gran;
+  s.free_unmapped_bytes = spare * gran;
+  s.partial_page_bytes = used * gran - static_cast<std::int64_t>(range_bytes_) - slab_bytes;
   s.small_slack_bytes = slab_bytes - (stats_.active_bytes[kSmallPool].current -
                                       static_cast<std::int64_t>(small_range_bytes_));
-  s.largest_free_range = static_cast<std::int64_t>(largest_free_range());
+  if (!derived) return s;
 
+  s.largest_free_range = static_cast<std::int64_t>(largest_free_range());
   // Inactive split: free bytes sharing a page with used ranges (large) or a slab with live
-  // slots (small); peaks are those seen by stats() calls.
+  // slots (small); peaks are those seen by detailed_stats() calls.
   std::int64_t split_ranges = 0, split_slabs = 0;
-  for_each_free_range([&](const detail::RangeAllocator& ranges, const std::vector<Page>& pages,
-                          const detail::RangeNode& n) {
-    const std::size_t first = (n.addr - ranges.base()) >> page_shift_;
-    const std::size_t last = (n.addr + n.size - 1 - ranges.base()) >> page_shift_;
-    if (pages[first].refs > 0 || pages[last].refs > 0) ++split_ranges;
+  for_each_free_range([&](const detail::Arena& arena, const detail::RangeNode& n) {
+    const DevicePtr base = arena.ranges.base();
+    const std::size_t f = (n.addr - base) >> page_shift_, l = (n.addr + n.size - 1 - base) >> page_shift_;
+    if (arena.pages.get(f).refs > 0 || arena.pages.get(l).refs > 0) ++split_ranges;
   });
   std::int64_t small_split_bytes = 0;
   for (detail::SlabId id = 0; id < slabs_.slab_count(); ++id) {
@@ -69,11 +73,10 @@ namespace {
 void Engine::Impl::check_invariants() const {
   std::lock_guard lock(mutex_);
   // Ranges tile each arena exactly; no two free neighbours; recount page references.
-  std::vector<std::vector<std::uint32_t>> refs(arenas_.size());
   std::int64_t used_large = 0;
+  std::vector<std::unordered_map<std::size_t, std::uint32_t>> refs(arenas_.size());
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
     const detail::RangeAllocator& ranges = arenas_[a]->ranges;
-    refs[a].assign(pages_.arena(a).size(), 0);
     DevicePtr expect = ranges.base();
     bool prev_free = false;
     std::size_t free_count = 0;
@@ -89,36 +92,72 @@ void Engine::Impl::check_invariants() const {
         continue;
       }
       used_large += static_cast<std::int64_t>(n.size);
-      const std::size_t first = (n.addr - ranges.base()) >> page_shift_;
-      const std::size_t last = (n.addr + n.size - 1 - ranges.base()) >> page_shift_;
+      const auto [first, last] = page_span(a, n.addr, n.size);
       for (std::size_t i = first; i <= last; ++i) ++refs[a][i];
     }
     if (expect != ranges.base() + ranges.size()) violated("arena ranges end short");
     if (free_count != ranges.free_ranges()) violated("free range count differs from the bins");
   }
-  // Pages: references match, used pages are mapped, the cache holds exactly the free mapped ones.
-  std::size_t mapped = 0, cached = 0;
+  // Pages: references match, used pages are mapped, and pages and chunks agree on the mappings;
+  // a chunk is used through one page at most (else two blocks would share memory).
+  std::size_t used = 0, free_mapped = 0, mapped = 0;
+  std::vector<std::uint32_t> used_through(chunks_.slots(), 0);
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const std::vector<Page>& pages = pages_.arena(a);
-    for (std::size_t i = 0; i < pages.size(); ++i) {
-      const Page& p = pages[i];
-      if (p.refs != refs[a][i])
+    std::size_t seen_refs = 0;
+    arenas_[a]->pages.for_each_touched([&](std::size_t i, const Page& p) {
+      const auto it = refs[a].find(i);
+      const std::uint32_t expect = it == refs[a].end() ? 0 : it->second;
+      seen_refs += expect != 0;
+      if (p.refs != expect)
         violated("page " + std::to_string(i) + " has " + std::to_string(p.refs) +
-                 " references, ranges say " + std::to_string(refs[a][i]));
-      if (p.refs > 0 && !p.chunk) violated("a used page is not mapped");
-      mapped += p.chunk != 0;
-      cached += p.chunk != 0 && p.refs == 0;
+                 " references, ranges say " + std::to_string(expect));
+      if (p.refs > 0 && !p.mapped()) violated("a used page is not mapped");
+      used += p.refs > 0;
+      if (!p.mapped()) {
+        if (p.aliased) violated("an unmapped page is marked aliased");
+        return;
+      }
+      ++mapped;
+      free_mapped += p.refs == 0;
+      if (p.chunk >= chunks_.slots() || chunks_.at(p.chunk).handle == 0)
+        violated("a page maps a chunk gmem does not hold");
+      const detail::Chunk& c = chunks_.at(p.chunk);
+      const detail::PageId self = detail::page_id(a, static_cast<std::uint32_t>(i));
+      if (std::find(c.pages.begin(), c.pages.begin() + c.maps, self) == c.pages.begin() + c.maps)
+        violated("a chunk does not list a page it is mapped at");
+      if (static_cast<bool>(p.aliased) != (c.maps > 1)) violated("a page's alias mark is wrong");
+      if (p.refs > 0 && ++used_through[p.chunk] > 1) violated("a chunk is used through two pages");
+    });
+    if (seen_refs != refs[a].size()) violated("a used page was never written");
+  }
+  std::size_t held = 0, listed_maps = 0, spare = 0;
+  for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
+    const detail::Chunk& c = chunks_.at(id);
+    if (c.handle == 0) continue;
+    ++held;
+    spare += c.maps == 0;
+    listed_maps += c.maps;
+    for (std::uint32_t k = 0; k < c.maps; ++k) {
+      const Page& p = arenas_[detail::arena_of(c.pages[k])]->pages.get(detail::index_of(c.pages[k]));
+      if (p.chunk != id) violated("a chunk lists a page that maps another chunk");
     }
   }
-  std::size_t walked = 0;
-  for (detail::PageId id = pages_.oldest_cached(); id != detail::kNoPage; id = pages_.next_cached(id)) {
-    const Page& p = pages_.at(id);
-    if (!p.chunk || p.refs) violated("the page cache holds a used or unmapped page");
-    if (++walked > cached) break;
+  if (used != used_pages_ || free_mapped != free_pages_) violated("used/free page counts drifted");
+  if (mapped != listed_maps || mapped != chunks_.mapped_pages()) violated("mapped page counts drifted");
+  if (held != chunks_.held() || spare != chunks_.spares()) violated("chunk counts drifted");
+  // Every free chunk can be found by stitching: one of its pages is listed as freed.
+  std::vector<bool> findable(chunks_.slots(), false);
+  for (std::size_t k = freed_head_; k < freed_pages_.size(); ++k) {
+    const detail::PageId id = freed_pages_[k];
+    if (id == detail::kNoPage) continue;
+    const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
+    if (p.mapped() && p.refs == 0) findable[p.chunk] = true;
   }
-  if (mapped != pages_.mapped() || cached != pages_.cached() || walked != cached)
-    violated("mapped/cached page counts drifted");
-  if (mapped + spare_chunks_.size() != chunks_held_) violated("chunks held != mapped + spare");
+  for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
+    const detail::Chunk& c = chunks_.at(id);
+    if (c.handle == 0 || c.maps == 0 || used_through[id] > 0) continue;
+    if (!findable[id]) violated("a free chunk is listed nowhere");
+  }
 
   // Live blocks: each large one owns its range, each small one a distinct slot of a live slab.
   std::int64_t alloc[3] = {0, 0, 0}, count[3] = {0, 0, 0}, requested[3] = {0, 0, 0};
@@ -170,11 +209,11 @@ void Engine::Impl::check_invariants() const {
         stats_.requested_bytes[i].current != requested[i])
       violated("allocation stats differ from a recount");
   }
-  const auto held = static_cast<std::int64_t>(chunks_held_ * granularity_);
-  if (stats_.reserved_bytes[kAllPools].current != held) violated("reserved_bytes != chunks held");
+  const auto held_bytes = static_cast<std::int64_t>(chunks_.held() * granularity_);
+  if (stats_.reserved_bytes[kAllPools].current != held_bytes) violated("reserved_bytes != chunks held");
   if (stats_.reserved_bytes[kSmallPool].current != slab_bytes + small_ranges)
     violated("small pool reserved != its slabs and ranges");
-  if (held < alloc[kAllPools]) violated("reserved < allocated");
+  if (held_bytes < alloc[kAllPools]) violated("reserved < allocated");
 }
 
 }  // namespace gmem

@@ -1,5 +1,12 @@
-// Engine internals shared by engine.cpp (hot paths), backing.cpp (physical memory: mapping,
-// stitching, reclaiming under pressure) and engine_checks.cpp (stats recount, invariants).
+// Engine internals, shared by engine.cpp (the hot paths and the public face), backing.cpp
+// (placement, mapping, stitching, reclaiming under pressure) and engine_checks.cpp (stats and
+// the invariant check). docs/engine.md describes the design and the data structures together.
+//
+//   virtual side   Arena: one virtual range per stream (more when one fills up), its ranges
+//                  (RangeAllocator: blocks and slabs) and its pages (PageTable: refs, chunk)
+//   physical side  ChunkPool: chunks held and the pages each is mapped at (aliases)
+//   blocks         SlabAllocator (<= 128 KiB), live records, frees waiting on other streams
+//   streams        StreamTracker: which stream has caught up with which free
 #pragma once
 
 #include <memory>
@@ -8,12 +15,13 @@
 #include <vector>
 
 #include "common/pointer_map.hpp"
+#include "engine/chunk_pool.hpp"
+#include "engine/observer.hpp"
 #include "engine/page_table.hpp"
 #include "engine/range_allocator.hpp"
 #include "engine/slab_allocator.hpp"
 #include "engine/stream_tracker.hpp"
 #include "gmem/engine.hpp"
-#include "tracking/tracking_log.hpp"
 
 namespace gmem {
 
@@ -29,14 +37,15 @@ struct Record {
   bool small = false;         // the small pool (<= 1 MiB), as PyTorch counts it
   bool in_slab = false;
   bool shared = false;        // record_stream() added streams
-  AllocTag tag;               // set while a tracker is attached
+  BlockTag tag;               // the observer's, while one is attached
 };
 
 // One virtual address reservation, used by one stream.
 struct Arena {
-  Arena(DevicePtr base, std::size_t size, std::uint32_t stream_index)
-      : ranges(base, size), stream(stream_index) {}
+  Arena(DevicePtr base, std::size_t size, std::size_t pages, std::uint32_t stream_index)
+      : ranges(base, size), pages(pages), stream(stream_index) {}
   RangeAllocator ranges;
+  PageTable pages;
   std::uint32_t stream;
 };
 
@@ -61,9 +70,10 @@ class Engine::Impl {
   void set_memory_limit(std::size_t bytes);
   void reset_peak_stats();
   void reset_accumulated_stats();
-  MemoryStats stats() const;
+  MemoryStats stats(bool derived) const;
   void check_invariants() const;
 
+  // --- configuration ---------------------------------------------------------------------------
   Device& device_;
   EngineOptions options_;
   std::size_t granularity_;
@@ -71,40 +81,48 @@ class Engine::Impl {
   std::size_t device_total_;
   std::size_t limit_;
   std::size_t arena_size_;
-  detail::TrackingLog* log_ = nullptr;  // the attached tracker's, if any
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;                 // guards everything below
+  detail::EngineObserver* observer_ = nullptr;  // tracking, when attached
 
+  // --- streams ---------------------------------------------------------------------------------
   detail::StreamTracker streams_;
+  std::unordered_map<StreamId, std::uint32_t> stream_index_;
   std::vector<std::vector<std::uint32_t>> stream_arenas_;  // by stream index
-  std::vector<std::pair<StreamId, std::uint32_t>> stream_index_;
   StreamId last_stream_ = 0;
-  std::uint32_t last_stream_index_ = 0;
+  std::uint32_t last_stream_index_ = ~0u;
+
+  // --- virtual and physical memory -------------------------------------------------------------
   std::vector<std::unique_ptr<detail::Arena>> arenas_;
-  detail::PageTable pages_;
+  detail::ChunkPool chunks_;
+  // Pages whose refs fell to 0 while mapped, newest last: where stitching looks for free chunks.
+  // Entries go stale when the page is used again or its chunk moves; they are checked when read
+  // and swept out when they outnumber the free pages twice over (compact_freed_pages).
+  std::vector<detail::PageId> freed_pages_;
+  std::size_t freed_head_ = 0;    // entries before it are spent; kNoPage marks one spent later
+  std::size_t used_pages_ = 0;    // pages with refs > 0 (each pins one busy chunk)
+  std::size_t peak_used_ = 0;     // most pages used at once
+  std::size_t clash_share_ = 200; // see acquire_chunk
+  std::size_t clashes_ = 0;
+  std::uint32_t clock_ = 0;       // ranges taken so far (wraps): the pages' time of use
+  std::size_t free_pages_ = 0;    // mapped pages with refs == 0
+
+  // --- blocks ----------------------------------------------------------------------------------
   detail::SlabAllocator slabs_;
   detail::PointerMap<detail::Record> live_;
-  std::vector<ChunkHandle> spare_chunks_;  // held, not mapped
-  std::size_t chunks_held_ = 0;
-  std::size_t range_bytes_ = 0;        // ranges of blocks (live or pending), slabs not included
-  std::size_t small_range_bytes_ = 0;  // the part of range_bytes_ in the small pool
   std::unordered_map<DevicePtr, std::vector<StreamId>> shared_streams_;
   std::vector<detail::PendingFree> pending_;
+
+  // --- accounting ------------------------------------------------------------------------------
   MemoryStats stats_;
-  // Growth budget (options_.cache_slack): reserved grows freely to the allocated high-water
-  // mark, including the request being served, plus the slack; beyond it cached pages are
-  // reused (stitched) before new chunks are created.
-  static constexpr std::size_t kTopDownBytes = std::size_t{16} << 20;  // see take_range
-  static constexpr double kMaxSlack = 0.5;
-  double slack_;                     // starts at options_.cache_slack; see note_stitch()
-  std::size_t stitched_bytes_ = 0;   // stitched within the budget since slack_ last rose
-  std::size_t high_water_ = 0;  // most bytes ever allocated (not reset by reset_peak_stats)
-  std::size_t allocating_ = 0;  // allocated bytes plus the request being served
+  std::size_t range_bytes_ = 0;        // ranges of blocks (live or pending), slabs not included
+  std::size_t small_range_bytes_ = 0;  // the part of range_bytes_ in the small pool
+  std::string oom_reason_ = "limit";   // why the last growth failed
   mutable PoolStats split_bytes_{}, split_counts_{};  // inactive split, as seen by stats()
 
-  // engine.cpp
+  // engine.cpp ------------------------------------------------------------------------------------
   // The stream's index; the last one used is answered inline (one stream per thread is usual).
   std::uint32_t stream_index(StreamId stream) {
-    if (stream == last_stream_ && !stream_index_.empty()) return last_stream_index_;
+    if (stream == last_stream_ && last_stream_index_ != ~0u) [[likely]] return last_stream_index_;
     return lookup_stream(stream);
   }
   std::uint32_t lookup_stream(StreamId stream);  // registers a new stream
@@ -120,7 +138,7 @@ class Engine::Impl {
   void process_pending(bool wait);
   [[noreturn]] void throw_bad_free(DevicePtr ptr) const;
 
-  // backing.cpp
+  // backing.cpp -----------------------------------------------------------------------------------
   // A used range of `bytes` in one of stream `si`'s arenas, backed by mapped pages; throws
   // OutOfMemoryError (for `requested` bytes) or DeviceError with nothing changed.
   std::pair<std::uint32_t, detail::NodeId> take_range(std::uint32_t si, std::size_t bytes,
@@ -131,36 +149,39 @@ class Engine::Impl {
     detail::NodeId node;
     std::size_t offset;  // into the free range
   };
-  Placement best_fit(std::uint32_t si, std::size_t bytes) const;
-  Placement cheapest_fit(std::uint32_t si, std::size_t bytes) const;
-  std::size_t unmapped_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) const;
+  Placement place(std::uint32_t si, std::size_t bytes);
+  // Whether the free page's chunk may serve its arena now without a device call.
+  bool page_ready(std::uint32_t arena, std::size_t index, const detail::Page& page) const;
+  bool chunk_free_for(detail::ChunkId chunk, std::uint32_t stream, bool poll);
+  bool chunk_busy(detail::ChunkId chunk) const;  // used through one of its pages
   std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes);
+  std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
+                                                std::size_t bytes) const;
   bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
-  ChunkHandle acquire_chunk(int& stage);
-  ChunkHandle create_chunk();  // 0 when the limit or the device says no
-  std::size_t growth_budget() const;
-  void note_stitch();
-  ChunkHandle steal_cached_page(bool wait);
+  detail::ChunkId acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before);
+  detail::ChunkId create_chunk();  // kNoChunk when the limit or the device says no
+  detail::ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
+  void compact_freed_pages();
+  void map_page(std::uint32_t arena, std::size_t index, detail::ChunkId chunk);
   void unmap_page(detail::PageId id);
+  bool unmap_chunk(detail::ChunkId chunk, bool wait);  // every alias; false if still in use
   void release_spare_slabs();
   void trim_to(std::size_t bytes, bool wait);
-  void release_chunk(ChunkHandle chunk);
+  void release_chunk(detail::ChunkId chunk);
   [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
-  std::string oom_reason_ = "limit";  // why the last growth failed: "limit" or "device"
   std::size_t largest_free_range() const;
   // What is mapped now, as [begin, end) ranges by address (adjacent pages merged).
   std::vector<std::pair<DevicePtr, DevicePtr>> mapped_ranges() const;
 
-  // Calls visit(ranges, pages, node) for each free range of each arena, in address order.
+  // Calls visit(arena, node) for each free range of each arena, in address order.
   template <class F>
   void for_each_free_range(F&& visit) const {
     for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
       const detail::RangeAllocator& ranges = arenas_[a]->ranges;
-      const std::vector<detail::Page>& pages = pages_.arena(a);
       for (detail::NodeId id = ranges.first(); id != detail::kNoNode; id = ranges.node(id).next) {
         const detail::RangeNode& n = ranges.node(id);
-        if (n.free) visit(ranges, pages, n);
+        if (n.free) visit(*arenas_[a], n);
       }
     }
   }

@@ -1,13 +1,14 @@
-// Physical pages behind every arena's virtual range: which chunk is mapped at each granule, how
-// many used ranges (blocks, slabs) overlap it, and, for pages mapped but wholly free, an LRU
-// list from which the engine reclaims chunks to map them elsewhere (stitching).
+// The pages (granules, 2 MiB) of one arena's virtual range: which physical chunk is mapped at
+// each and how many used ranges (blocks, slabs) overlap it. An arena spans the device's size in
+// virtual memory, but a stream that allocates little touches few pages, so the table is two
+// levels and a leaf of kLeafPages pages is allocated the first time one of its pages is written:
+// an idle stream costs a few KiB of host memory, not a page record per granule of its range.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
-
-#include "gmem/device.hpp"
 
 namespace gmem::detail {
 
@@ -17,40 +18,61 @@ inline constexpr PageId kNoPage = ~PageId{0};
 inline PageId page_id(std::uint32_t arena, std::uint32_t index) {
   return (PageId{arena} << 32) | index;
 }
+inline std::uint32_t arena_of(PageId id) { return static_cast<std::uint32_t>(id >> 32); }
+inline std::uint32_t index_of(PageId id) { return static_cast<std::uint32_t>(id & 0xffffffffu); }
+
+using ChunkId = std::uint32_t;  // index into the ChunkPool
+inline constexpr ChunkId kNoChunk = ~ChunkId{0};
 
 struct Page {
-  ChunkHandle chunk = 0;       // 0: nothing mapped here
-  std::uint32_t refs = 0;      // used ranges overlapping the page
-  std::uint32_t stream = 0;    // stream index of the arena, for the reuse rule
-  std::uint64_t free_seq = 0;  // the stream's free stamp when refs last dropped to 0
-  PageId lru_prev = kNoPage, lru_next = kNoPage;
+  ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
+  std::uint32_t refs : 30 = 0;    // used ranges overlapping the page
+  std::uint32_t aliased : 1 = 0;  // the chunk is mapped at other pages too (ChunkPool)
+  std::uint32_t clashed : 1 = 0;  // has had to be remapped: its chunk was busy elsewhere
+  std::uint64_t free_seq = 0;  // the arena's stream's free stamp when refs last fell to 0
+  // When the page was last taken into use and how long before that the previous time, on the
+  // engine's clock of ranges taken: the page's next use is due at about last_use + reuse.
+  std::uint32_t last_use = 0;
+  std::uint32_t reuse = 0;
+  bool mapped() const { return chunk != kNoChunk; }
 };
+static_assert(sizeof(Page) == 24);
 
 class PageTable {
  public:
-  // Adds the pages of a new arena; returns the arena's index.
-  std::uint32_t add_arena(std::size_t pages, std::uint32_t stream);
-  Page& at(PageId id) { return arenas_[id >> 32][id & 0xffffffffu]; }
-  const Page& at(PageId id) const { return arenas_[id >> 32][id & 0xffffffffu]; }
-  std::vector<Page>& arena(std::uint32_t index) { return arenas_[index]; }
-  const std::vector<Page>& arena(std::uint32_t index) const { return arenas_[index]; }
+  static constexpr int kLeafShift = 9;  // 512 pages (1 GiB of 2 MiB pages) per leaf
+  static constexpr std::size_t kLeafPages = std::size_t{1} << kLeafShift;
 
-  // The cached list: mapped pages with no user, oldest free first.
-  void push_cached(PageId id);
-  void remove_cached(PageId id);
-  PageId oldest_cached() const { return lru_head_; }
-  PageId next_cached(PageId id) const { return at(id).lru_next; }
-  PageId newest_cached() const { return lru_tail_; }
-  PageId prev_cached(PageId id) const { return at(id).lru_prev; }
-  std::size_t cached() const { return cached_; }
-  std::size_t mapped() const { return mapped_; }
-  void add_mapped(std::ptrdiff_t delta) { mapped_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(mapped_) + delta); }
+  explicit PageTable(std::size_t pages) : leaves_((pages + kLeafPages - 1) >> kLeafShift) {}
+
+  std::size_t size() const { return leaves_.size() << kLeafShift; }
+  // The page for writing: its leaf is created on first use.
+  Page& at(std::size_t index) {
+    std::unique_ptr<Page[]>& leaf = leaves_[index >> kLeafShift];
+    if (!leaf) [[unlikely]] leaf = std::make_unique<Page[]>(kLeafPages);
+    return leaf[index & (kLeafPages - 1)];
+  }
+  // The page for reading: a page never written reads as unmapped and unused.
+  const Page& get(std::size_t index) const {
+    const std::unique_ptr<Page[]>& leaf = leaves_[index >> kLeafShift];
+    return leaf ? leaf[index & (kLeafPages - 1)] : kUntouched;
+  }
+  // Calls visit(index, page) for every page of every leaf allocated so far.
+  template <class Visit>
+  void for_each_touched(Visit&& visit) const {
+    for (std::size_t l = 0; l < leaves_.size(); ++l)
+      if (leaves_[l])
+        for (std::size_t i = 0; i < kLeafPages; ++i) visit((l << kLeafShift) | i, leaves_[l][i]);
+  }
+  std::size_t host_bytes() const {
+    std::size_t bytes = leaves_.capacity() * sizeof(leaves_[0]);
+    for (const auto& leaf : leaves_) bytes += leaf ? kLeafPages * sizeof(Page) : 0;
+    return bytes;
+  }
 
  private:
-  std::vector<std::vector<Page>> arenas_;
-  PageId lru_head_ = kNoPage, lru_tail_ = kNoPage;
-  std::size_t cached_ = 0;
-  std::size_t mapped_ = 0;
+  static inline const Page kUntouched{};
+  std::vector<std::unique_ptr<Page[]>> leaves_;
 };
 
 }  // namespace gmem::detail

@@ -14,7 +14,7 @@ Snapshot take_snapshot(Engine& engine, const Tracker* tracker) {
   } catch (const Error&) {  // the snapshot goes on without it
   }
   input.memory_limit = engine.memory_limit();
-  input.stats = engine.stats();
+  input.stats = engine.detailed_stats();
   // The engine's blocks first, then the tracker's state: the tracker's history then covers
   // every change made after the blocks were listed.
   engine.for_each_block([&](const BlockInfo& b) { input.blocks.push_back(b); });

@@ -54,20 +54,20 @@ class Tracker::Impl {
         log_(options, [](int skip, int depth) { return frames::capture_backtrace(skip, depth); }) {
     detail::tick_origin();
     std::lock_guard lock(engine_.mutex_);
-    if (engine_.log_ != nullptr)
+    if (engine_.observer_ != nullptr)
       throw Error(Errc::invalid_argument, "this engine already has a tracker attached");
     // Tags left by an earlier tracker are not ours: those blocks count as untracked.
     engine_.live_.for_each_mutable([](std::uintptr_t, detail::Record& r) { r.tag = {}; });
     // The maps made before attaching are state, not history: no events for them.
     for (const auto& [begin, end] : engine_.mapped_ranges()) log_.mapped_.add(begin, end);
-    engine_.log_ = &log_;
+    engine_.observer_ = &log_;
     attached_ = true;
   }
 
   void detach() {
     std::lock_guard lock(engine_.mutex_);
     if (!attached_) return;
-    engine_.log_ = nullptr;
+    engine_.observer_ = nullptr;
     attached_ = false;
   }
 

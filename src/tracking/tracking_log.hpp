@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/observer.hpp"
 #include "gmem/tracker.hpp"
 #include "tracking/clock.hpp"
 #include "tracking/history_ring.hpp"
@@ -19,14 +20,11 @@
 
 namespace gmem::detail {
 
-// Who allocated a live block and when. id 0: allocated while no tracker was attached.
-struct AllocTag {
-  std::uint64_t id = 0;     // 1, 2, ... per tracker
-  std::uint64_t tick = 0;   // ticks(), sampled (TrackingLog::kTickEvery)
-  std::uint32_t step = 0;
-  ScopeId scope = 0;
-  FramesId frames = 0;
-};
+// Who allocated a live block and when, kept in the engine's record of the block: id (1, 2, ...
+// per tracker; 0: allocated while no tracker was attached), tick (ticks(), sampled: kTickEvery),
+// step, scope and frames.
+using AllocTag = BlockTag;
+static_assert(sizeof(ScopeId) == sizeof(BlockTag::scope) && sizeof(FramesId) == sizeof(BlockTag::frames));
 
 struct RawEvent {
   std::uint64_t tick;
@@ -43,7 +41,7 @@ struct RawEvent {
 static_assert(sizeof(RawEvent) == TrackerOptions::kEventBytes);
 
 // Everything here is guarded by the lock of the engine the log is attached to.
-class TrackingLog {
+class TrackingLog final : public EngineObserver {
  public:
   using Backtrace = FramesId (*)(int skip, int depth);
 
@@ -60,9 +58,12 @@ class TrackingLog {
   FramesId backtrace() const { return backtrace_ ? backtrace_(0, backtrace_depth_) : 0; }
   FramesId call_site() const { return backtrace_ ? backtrace() : thread_context().frames; }
 
+  std::uint32_t malloc_context() override { return backtrace(); }
+  std::uint32_t free_context() override { return logs_frees() ? call_site() : 0; }
+
   // A malloc succeeded at `addr`: fills in its tag and logs it. `trace`: from backtrace().
-  void on_alloc(std::uintptr_t addr, std::size_t size, StreamId stream, FramesId trace,
-                AllocTag& tag) noexcept {
+  void on_malloc(std::uintptr_t addr, std::size_t size, StreamId stream, std::uint32_t trace,
+                 AllocTag& tag) noexcept override {
     const ThreadContext& thread = thread_context();
     tag.id = ++next_id_;
     if ((tag.id & (kTickEvery - 1)) == 0) tick_ = ticks();
@@ -76,7 +77,7 @@ class TrackingLog {
 
   // A block is freed; `site` is where (call_site(), or 0 when the history is off).
   void on_free(std::uintptr_t addr, std::size_t size, StreamId stream, const AllocTag& tag,
-               FramesId site) noexcept {
+               std::uint32_t site) noexcept override {
     if (tag.id == 0) {
       ++untracked_frees_;
       return;
@@ -87,15 +88,15 @@ class TrackingLog {
   bool logs_frees() const noexcept { return ring_.capacity() != 0; }
 
   // The slow path's events, with a fresh clock reading each.
-  void on_map(std::uintptr_t va, std::size_t bytes) {
+  void on_map(std::uintptr_t va, std::size_t bytes) override {
     mapped_.add(va, va + bytes);
     ring_.push(RawEvent{fresh_tick(), va, bytes, 0, 0, step_, 0, 0, EventKind::map});
   }
-  void on_unmap(std::uintptr_t va, std::size_t bytes) {
+  void on_unmap(std::uintptr_t va, std::size_t bytes) override {
     mapped_.remove(va, va + bytes);
     ring_.push(RawEvent{fresh_tick(), va, bytes, 0, 0, step_, 0, 0, EventKind::unmap});
   }
-  void on_oom(const OomInfo& info) {
+  void on_oom(const OomInfo& info) override {
     last_oom_ = info;
     note(EventKind::oom, info.reason, info.device_free, info.requested, info.stream);
   }
