@@ -61,6 +61,14 @@ Engine::Impl::~Impl() {
   }
 }
 
+void Engine::Impl::attach(detail::EngineObserver* observer) {
+  observer_ = observer;
+  const detail::ContextCapture capture = observer ? observer->context_capture() : detail::ContextCapture{};
+  capture_depth_.store(capture.depth, std::memory_order_relaxed);
+  capture_frees_.store(capture.on_free, std::memory_order_relaxed);
+  capture_.store(capture.capture, std::memory_order_release);
+}
+
 std::uint32_t Engine::Impl::lookup_stream(StreamId stream) {
   auto [it, fresh] = stream_index_.try_emplace(stream, 0);
   if (fresh) {
@@ -83,8 +91,8 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   if (size > kMaxRequest)
     throw Error(Errc::invalid_argument, "malloc(" + std::to_string(size) +
                                             "): larger than any device (a negative size cast?)");
+  const std::uint32_t context = gather_context(false);
   std::lock_guard lock(mutex_);
-  const std::uint32_t context = observer_ ? observer_->malloc_context() : 0;
   if (!pending_.empty()) [[unlikely]] process_pending(false);
   const std::uint32_t si = stream_index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
@@ -169,8 +177,8 @@ void Engine::Impl::move_reserved_to_small(std::int64_t bytes) {
 
 void Engine::Impl::free(void* p) {
   const auto ptr = reinterpret_cast<DevicePtr>(p);
+  const std::uint32_t context = gather_context(true);
   std::lock_guard lock(mutex_);
-  const std::uint32_t context = observer_ ? observer_->free_context() : 0;
   Record record;
   if (!live_.take(ptr, record)) throw_bad_free(ptr);
   if (record.shared) {

@@ -9,6 +9,7 @@
 //   streams        StreamTracker: which stream has caught up with which free
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -42,8 +43,8 @@ struct Record {
 
 // One virtual address reservation, used by one stream.
 struct Arena {
-  Arena(DevicePtr base, std::size_t size, std::size_t pages, std::uint32_t stream_index)
-      : ranges(base, size), pages(pages), stream(stream_index) {}
+  Arena(DevicePtr base, std::size_t size, std::size_t page_count, std::uint32_t stream_index)
+      : ranges(base, size), pages(page_count), stream(stream_index) {}
   RangeAllocator ranges;
   PageTable pages;
   std::uint32_t stream;
@@ -81,8 +82,18 @@ class Engine::Impl {
   std::size_t device_total_;
   std::size_t limit_;
   std::size_t arena_size_;
+  // What the observer wants gathered before the lock (read without it, hence atomic).
+  std::atomic<std::uint32_t (*)(int, int)> capture_{nullptr};
+  std::atomic<int> capture_depth_{0};
+  std::atomic<bool> capture_frees_{false};
   mutable std::mutex mutex_;                 // guards everything below
   detail::EngineObserver* observer_ = nullptr;  // tracking, when attached
+  void attach(detail::EngineObserver* observer);  // nullptr detaches; under the lock
+  std::uint32_t gather_context(bool for_free) const {
+    const auto capture = capture_.load(std::memory_order_acquire);
+    if (capture == nullptr || (for_free && !capture_frees_.load(std::memory_order_relaxed))) return 0;
+    return capture(0, capture_depth_.load(std::memory_order_relaxed));
+  }
 
   // --- streams ---------------------------------------------------------------------------------
   detail::StreamTracker streams_;

@@ -22,14 +22,22 @@ struct BlockTag {
   std::uint32_t frames = 0;
 };
 
+// Context for each malloc and free (a call stack: microseconds), gathered before the engine takes
+// its lock so that other threads are not held up meanwhile. A plain function, not a method: the
+// observer may be detached, and destroyed, between the capture and the lock. It may throw; the
+// call then fails with no effect.
+struct ContextCapture {
+  std::uint32_t (*capture)(int skip, int depth) = nullptr;  // nullptr: no context to gather
+  int depth = 0;
+  bool on_free = true;  // frees too, not only mallocs
+};
+
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
-  // Context for the malloc or free about to be made (a call stack, say). Called under the lock,
-  // before the engine changes anything: it may throw, and the call then fails with no effect.
-  virtual std::uint32_t malloc_context() = 0;
-  virtual std::uint32_t free_context() = 0;
-  // After the engine's state changed; must not throw.
+  // Read once, when the observer is attached.
+  virtual ContextCapture context_capture() const = 0;
+  // After the engine's state changed, with what context_capture() gathered (or 0); must not throw.
   virtual void on_malloc(DevicePtr ptr, std::size_t size, StreamId stream, std::uint32_t context,
                          BlockTag& tag) noexcept = 0;
   virtual void on_free(DevicePtr ptr, std::size_t size, StreamId stream, const BlockTag& tag,

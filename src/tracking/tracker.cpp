@@ -60,14 +60,14 @@ class Tracker::Impl {
     engine_.live_.for_each_mutable([](std::uintptr_t, detail::Record& r) { r.tag = {}; });
     // The maps made before attaching are state, not history: no events for them.
     for (const auto& [begin, end] : engine_.mapped_ranges()) log_.mapped_.add(begin, end);
-    engine_.observer_ = &log_;
+    engine_.attach(&log_);
     attached_ = true;
   }
 
   void detach() {
     std::lock_guard lock(engine_.mutex_);
     if (!attached_) return;
-    engine_.observer_ = nullptr;
+    engine_.attach(nullptr);
     attached_ = false;
   }
 

@@ -56,10 +56,10 @@ class TrackingLog final : public EngineObserver {
   // A C++ backtrace for the malloc about to be made, when the options ask for one (else 0). Taken
   // before the engine changes anything: it may throw.
   FramesId backtrace() const { return backtrace_ ? backtrace_(0, backtrace_depth_) : 0; }
-  FramesId call_site() const { return backtrace_ ? backtrace() : thread_context().frames; }
 
-  std::uint32_t malloc_context() override { return backtrace(); }
-  std::uint32_t free_context() override { return logs_frees() ? call_site() : 0; }
+  ContextCapture context_capture() const override {
+    return {backtrace_, backtrace_depth_, logs_frees()};
+  }
 
   // A malloc succeeded at `addr`: fills in its tag and logs it. `trace`: from backtrace().
   void on_malloc(std::uintptr_t addr, std::size_t size, StreamId stream, std::uint32_t trace,
@@ -75,13 +75,15 @@ class TrackingLog final : public EngineObserver {
                         EventKind::alloc});
   }
 
-  // A block is freed; `site` is where (call_site(), or 0 when the history is off).
+  // A block is freed; `trace`: a backtrace of the free when they are taken.
   void on_free(std::uintptr_t addr, std::size_t size, StreamId stream, const AllocTag& tag,
-               std::uint32_t site) noexcept override {
+               std::uint32_t trace) noexcept override {
     if (tag.id == 0) {
       ++untracked_frees_;
       return;
     }
+    if (!logs_frees()) return;
+    const FramesId site = backtrace_ ? trace : thread_context().frames;
     ring_.push(RawEvent{tick_, addr, size, stream, tag.id, step_, tag.scope, site,
                         EventKind::free});
   }
