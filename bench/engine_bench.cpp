@@ -72,7 +72,7 @@ void BM_MallocFreePair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   state.counters["device_calls"] = static_cast<double>(total_device_calls(device));
 }
-BENCHMARK(BM_MallocFreePair)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20);
+BENCHMARK(BM_MallocFreePair)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->Arg(int64_t{4} << 30);
 
 void BM_RandomChurn(benchmark::State& state) {
   const ChurnPlan& plan = churn_plan();

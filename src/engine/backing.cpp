@@ -10,7 +10,6 @@
 // what counts: a chunk is created only when no free chunk can be mapped instead, so reserved
 // memory tracks the pages that live blocks touch.
 #include <algorithm>
-#include <unordered_set>
 
 #include "engine/engine_impl.hpp"
 
@@ -154,10 +153,9 @@ void Engine::Impl::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t 
       --used_pages_;
       if (!p.mapped()) continue;  // a failed malloc's rollback
       ++free_pages_;
-      freed_pages_.push_back(page_id(arena, static_cast<std::uint32_t>(i)));
+      freed_pages_.add(page_id(arena, static_cast<std::uint32_t>(i)), p);
     }
   }
-  if (freed_pages_.size() > 2 * free_pages_ + 1024) [[unlikely]] compact_freed_pages();
 }
 
 bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
@@ -248,7 +246,7 @@ void Engine::Impl::map_page(std::uint32_t arena, std::size_t index, ChunkId chun
       arenas_[detail::arena_of(c.pages[k])]->pages.at(detail::index_of(c.pages[k])).aliased = 1;
   if (p.refs == 0) {
     ++free_pages_;
-    freed_pages_.push_back(id);
+    freed_pages_.add(id, p);
   }
   ++stats_.num_maps;
 }
@@ -269,7 +267,7 @@ void Engine::Impl::unmap_page(PageId id) {
     arenas_[detail::arena_of(c.pages[0])]->pages.at(detail::index_of(c.pages[0])).aliased = 0;
   // The alias that kept the chunk busy may have been this one: list the chunk again, through a
   // page where it stays (its earlier entries may have been dropped while it was busy).
-  if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.push_back(c.pages[0]);
+  if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.add(c.pages[0], page_at(c.pages[0]));
   ++stats_.num_unmaps;
   if (observer_) observer_->on_unmap(va, granularity_);
 }
@@ -330,19 +328,18 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
   // predicted from its last two (a training step repeats), among the oldest frees (they are
   // also the likeliest to be done on other streams).
   static constexpr int kWeighed = 64;
-  std::size_t best = freed_pages_.size();
+  std::size_t best = freed_pages_.end();
   std::int64_t best_due = 0;
   int weighed = 0;
-  for (std::size_t k = freed_head_; k < freed_pages_.size() && weighed < kWeighed; ++k) {
-    const PageId id = freed_pages_[k];
+  for (std::size_t k = freed_pages_.begin(); k < freed_pages_.end() && weighed < kWeighed; ++k) {
+    const PageId id = freed_pages_.at(k);
     if (id == detail::kNoPage) continue;
     const Arena& a = *arenas_[detail::arena_of(id)];
-    const Page& p = a.pages.get(detail::index_of(id));
+    Page& p = page_at(id);
     // Stale (used again, or unmapped since), or its chunk busy through another alias (which is
-    // listed itself when freed): never worth another look.
+    // listed itself when freed): not worth another look.
     if (p.refs > 0 || !p.mapped() || (p.aliased && chunk_busy(p.chunk))) {
-      if (k == freed_head_) ++freed_head_;
-      else freed_pages_[k] = detail::kNoPage;
+      freed_pages_.drop(k, p);
       continue;
     }
     if (a.stream != stream && wait && !streams_.done(a.stream, p.free_seq)) {
@@ -352,19 +349,16 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
     if (!chunk_free_for(p.chunk, stream, true)) continue;
     ++weighed;
     const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
-    if (best == freed_pages_.size() || due > best_due) {
+    if (best == freed_pages_.end() || due > best_due) {
       best = k;
       best_due = due;
     }
   }
-  if (freed_head_ > 4096 && freed_head_ * 2 > freed_pages_.size()) {
-    freed_pages_.erase(freed_pages_.begin(), freed_pages_.begin() + static_cast<std::ptrdiff_t>(freed_head_));
-    best -= std::min(best, freed_head_);  // (best == size() stays "none" below)
-    if (best >= freed_pages_.size()) best = freed_pages_.size();
-    freed_head_ = 0;
+  if (best == freed_pages_.end()) {
+    freed_pages_.sweep();
+    return kNoChunk;
   }
-  if (best == freed_pages_.size()) return kNoChunk;
-  const PageId id = freed_pages_[best];
+  const PageId id = freed_pages_.at(best);
   const Arena& a = *arenas_[detail::arena_of(id)];
   const Page& p = a.pages.get(detail::index_of(id));
   const ChunkId chunk = p.chunk;
@@ -374,31 +368,8 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
       return kNoChunk;
     unmap_page(id);
   }
+  freed_pages_.sweep();
   return chunk;
-}
-
-void Engine::Impl::compact_freed_pages() {
-  // Keep one entry per page that could still give a chunk: mapped, free, its chunk not busy
-  // through another alias (when that alias is freed, it is listed itself).
-  std::vector<PageId> kept;
-  kept.reserve(free_pages_ + 1024);
-  for (std::size_t k = freed_head_; k < freed_pages_.size(); ++k) {
-    const PageId id = freed_pages_[k];
-    if (id == detail::kNoPage) continue;
-    const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
-    if (p.refs > 0 || !p.mapped() || (p.aliased && chunk_busy(p.chunk))) continue;
-    kept.push_back(id);
-  }
-  freed_head_ = 0;
-  // Each page once, at its newest position.
-  std::unordered_set<PageId> seen;
-  seen.reserve(kept.size());
-  std::vector<PageId> unique;
-  unique.reserve(kept.size() + 1024);
-  for (std::size_t k = kept.size(); k-- > 0;)
-    if (seen.insert(kept[k]).second) unique.push_back(kept[k]);
-  std::reverse(unique.begin(), unique.end());
-  freed_pages_ = std::move(unique);
 }
 
 ChunkId Engine::Impl::create_chunk() {
@@ -470,16 +441,20 @@ void Engine::Impl::trim_to(std::size_t bytes, bool wait) {
   while (chunks_.held() * granularity_ > bytes && chunks_.has_spare())
     release_chunk(chunks_.any_spare());
   // Oldest frees first: the likeliest to be done on their streams.
-  for (std::size_t k = freed_head_; k < freed_pages_.size() && chunks_.held() * granularity_ > bytes; ++k) {
-    const PageId id = freed_pages_[k];
+  for (std::size_t k = freed_pages_.begin();
+       k < freed_pages_.end() && chunks_.held() * granularity_ > bytes; ++k) {
+    const PageId id = freed_pages_.at(k);
     if (id == detail::kNoPage) continue;
-    const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
-    if (p.refs > 0 || !p.mapped()) continue;
+    Page& p = page_at(id);
+    if (p.refs > 0 || !p.mapped()) {
+      freed_pages_.drop(k, p);
+      continue;
+    }
     const ChunkId chunk = p.chunk;
     if (!unmap_chunk(chunk, wait)) continue;
     release_chunk(chunk);  // on failure it stays held, as a spare
   }
-  compact_freed_pages();
+  freed_pages_.sweep();
 }
 
 void Engine::Impl::empty_cache() {

@@ -147,12 +147,19 @@ void Engine::Impl::check_invariants() const {
   if (held != chunks_.held() || spare != chunks_.spares()) violated("chunk counts drifted");
   // Every free chunk can be found by stitching: one of its pages is listed as freed.
   std::vector<bool> findable(chunks_.slots(), false);
-  for (std::size_t k = freed_head_; k < freed_pages_.size(); ++k) {
-    const detail::PageId id = freed_pages_[k];
+  std::size_t listed = 0;
+  for (std::size_t k = freed_pages_.begin(); k < freed_pages_.end(); ++k) {
+    const detail::PageId id = freed_pages_.at(k);
     if (id == detail::kNoPage) continue;
     const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
+    if (!p.listed) violated("a listed page is not marked so");
+    ++listed;
     if (p.mapped() && p.refs == 0) findable[p.chunk] = true;
   }
+  std::size_t marked = 0;
+  for (const auto& arena : arenas_)
+    arena->pages.for_each_touched([&](std::size_t, const Page& p) { marked += p.listed; });
+  if (listed != freed_pages_.listed() || marked != listed) violated("freed page list and marks disagree");
   for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
     const detail::Chunk& c = chunks_.at(id);
     if (c.handle == 0 || c.maps == 0 || used_through[id] > 0) continue;

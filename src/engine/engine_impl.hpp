@@ -17,6 +17,7 @@
 
 #include "common/pointer_map.hpp"
 #include "engine/chunk_pool.hpp"
+#include "engine/freed_pages.hpp"
 #include "engine/observer.hpp"
 #include "engine/page_table.hpp"
 #include "engine/range_allocator.hpp"
@@ -105,11 +106,7 @@ class Engine::Impl {
   // --- virtual and physical memory -------------------------------------------------------------
   std::vector<std::unique_ptr<detail::Arena>> arenas_;
   detail::ChunkPool chunks_;
-  // Pages whose refs fell to 0 while mapped, newest last: where stitching looks for free chunks.
-  // Entries go stale when the page is used again or its chunk moves; they are checked when read
-  // and swept out when they outnumber the free pages twice over (compact_freed_pages).
-  std::vector<detail::PageId> freed_pages_;
-  std::size_t freed_head_ = 0;    // entries before it are spent; kNoPage marks one spent later
+  detail::FreedPages freed_pages_;  // where stitching looks for free chunks
   std::size_t used_pages_ = 0;    // pages with refs > 0 (each pins one busy chunk)
   std::size_t peak_used_ = 0;     // most pages used at once
   std::size_t clash_share_ = 200; // see acquire_chunk
@@ -173,7 +170,9 @@ class Engine::Impl {
   detail::ChunkId acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before);
   detail::ChunkId create_chunk();  // kNoChunk when the limit or the device says no
   detail::ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
-  void compact_freed_pages();
+  detail::Page& page_at(detail::PageId id) {
+    return arenas_[detail::arena_of(id)]->pages.at(detail::index_of(id));
+  }
   void map_page(std::uint32_t arena, std::size_t index, detail::ChunkId chunk);
   void unmap_page(detail::PageId id);
   bool unmap_chunk(detail::ChunkId chunk, bool wait);  // every alias; false if still in use
