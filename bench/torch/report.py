@@ -135,18 +135,57 @@ def table(results):
                 trace, "", "".join("%8s" % fmt(r.get("reserved_ratio"), ".3f") for r in rows),
                 "", "".join("%8s" % fmt(r.get("min_cap_ratio"), ".3f") for r in rows)))
 
-    if results["train"]:
-        out.append("")
-        out.append("train            allocator   median ms  peak alloc GiB  peak resv GiB  resv/alloc"
-                   "  maps after warmup")
-        for r in results["train"]:
-            if "error" in r:
-                out.append("%-16s %-11s FAILED: %s" % (r["model"], r["allocator"], r["error"][-60:]))
-                continue
-            out.append("%-16s %-11s %9.1f %15.2f %14.2f %11.3f %18s" % (
-                r["model"], r["allocator"], r["median_ms"], r["peak_allocated"] / GiB,
-                r["peak_reserved"] / GiB, r["reserved_ratio"], r.get("maps_after_warmup", "")))
+    out.extend(train_table(results["train"]))
     return "\n".join(out)
+
+
+TRAIN_ALLOCATORS = ("native", "expandable", "gmem", "gmem_compact")
+
+
+def train_cell(r):
+    """median ms, reserved / allocated and (gmem) maps after warm-up, or what went wrong."""
+    if r is None:
+        return "-"
+    if "error" in r:
+        return "FAILED"
+    if r.get("oom"):
+        step = r.get("oom_step")
+        return "OOM at step %s" % step if step is not None else "OOM at setup"
+    maps = r.get("maps_after_warmup")
+    return "%7.1f ms %6.3f%s" % (r["median_ms"], r["reserved_ratio"],
+                                 " %5s" % maps if maps is not None else "")
+
+
+def train_table(records):
+    """Models (and capped runs) as rows, allocators side by side."""
+    if not records:
+        return []
+    allocators = [a for a in TRAIN_ALLOCATORS if any(r["allocator"] == a for r in records)]
+    allocators += sorted({r["allocator"] for r in records} - set(allocators))
+    rows = {}  # (model, cap ratio or None) -> {allocator: record}
+    for r in records:
+        cap = r.get("cap_ratio") if r.get("cap_bytes") else None
+        rows.setdefault((r["model"], cap), {})[r["allocator"]] = r
+    out = ["", "train: median step ms, peak reserved / peak allocated, gmem: device maps after warm-up",
+           ("%-18s %15s" % ("model", "GiB") + "".join("  %-24s" % a for a in allocators)).rstrip()]
+    for (model, cap), runs in rows.items():
+        if cap:
+            name = "%s cap %gx" % (model, cap)
+            some = next(iter(runs.values()))
+            size = "cap %.2f" % (some["cap_bytes"] / GiB)
+        else:
+            name = model
+            ok = [r for a, r in sorted(runs.items(), key=lambda kv: kv[0] != "native")
+                  if "peak_allocated" in r]
+            size = "alloc %.2f" % (ok[0]["peak_allocated"] / GiB) if ok else "-"
+        out.append(("%-18s %15s" % (name, size) +
+                    "".join("  %-24s" % train_cell(runs.get(a)) for a in allocators)).rstrip())
+    for r in records:
+        if "error" in r:
+            out.append("  %s %s%s failed: %s" % (r["model"], r["allocator"],
+                                                 " (capped)" if r.get("cap_bytes") else "",
+                                                 r["error"][-100:]))
+    return out
 
 
 def main():

@@ -1,14 +1,29 @@
 """Training steps under each allocator, each run in its own process (an allocator is chosen
-before CUDA starts): median step time after warm-up, peak allocated and peak reserved.
+before CUDA starts): median step time after warm-up, peak allocated and peak reserved; optionally
+under a memory cap of R x the peak allocated.
 
     python3 bench/torch/train_bench.py --all [--out FILE]              # every model x allocator
+    python3 bench/torch/train_bench.py --all --cap-ratio 1.015 --cap-models gpt2
     python3 bench/torch/train_bench.py --model gpt2 --allocator gmem   # one run, in this process
+    python3 bench/torch/train_bench.py --model gpt2 --cap-ratio 1.015  # native uncapped, then each
+                                                                        # allocator under the cap
 
 Models: GPT-2 124M (transformers, random init, batch 8 x 1024 tokens, AdamW, bf16 autocast) and
-ResNet-50 (torchvision, batch 64 at 224x224, SGD, fp32): the programs of tests/data's traces.
+ResNet-50 (torchvision, batch 64 at 224x224, SGD, fp32): the programs of tests/data's traces; llama
+(models.py: a 374M-parameter Llama-style decoder, activation checkpointing per layer, batch 8 with
+a sequence length drawn per step from 512..2048, the same lengths for every allocator, bf16
+autocast, AdamW), the program of llama_ckpt_varlen.trace.csv.gz; its warm-up runs each distinct
+length of its timed steps once (see llama_step).
 Allocators: native (PyTorch's caching allocator), expandable (the same with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), gmem (gmem.torch.enable()) and gmem_compact
-(the same with GMEM_CACHE_SLACK=0.015625: memory first).
+(the same with GMEM_CACHE_SLACK=0.015625: memory first; not in the default set, name it).
+
+The cap (--cap-ratio R): R x the peak allocated of the model's uncapped native run (taken from
+this invocation's --all runs, else measured first), through
+torch.cuda.set_per_process_memory_fraction(cap / total) for native and expandable and
+gmem.set_memory_limit(cap) for gmem. An out-of-memory error is a result, not a failure: the run's
+line says "oom": true and the step it happened at (counted from 0, warm-up included; null when
+building the model failed).
 """
 
 import argparse
@@ -21,18 +36,19 @@ import time
 
 from common import HERE, PYTHON_DIR, emit
 
-MODELS = ("gpt2", "resnet50")
+MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem", "gmem_compact")
+DEFAULT_ALLOCATORS = ("native", "expandable", "gmem")
 
 
-def gpt2_step(torch):
+def gpt2_step(torch, warmup, steps):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config()).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 50257, (8, 1024), device="cuda")
 
-    def step():
+    def step(i):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -43,7 +59,7 @@ def gpt2_step(torch):
     return step
 
 
-def resnet50_step(torch):
+def resnet50_step(torch, warmup, steps):
     import torchvision
 
     model = torchvision.models.resnet50().cuda()
@@ -51,7 +67,7 @@ def resnet50_step(torch):
     images = torch.randn(64, 3, 224, 224, device="cuda")
     labels = torch.randint(0, 1000, (64,), device="cuda")
 
-    def step():
+    def step(i):
         loss = torch.nn.functional.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
@@ -61,7 +77,37 @@ def resnet50_step(torch):
     return step
 
 
-def run_one(model, allocator, steps, warmup):
+def llama_step(torch, warmup, steps):
+    """The timed steps take llama_lengths(steps); the warm-up runs each distinct length among them
+    once (in order of first appearance; `warmup` is ignored). On an H100 a length's first step took
+    200-300 ms longer than its later ones under native and expandable alike (2026-11-23; cause not
+    established, per-shape kernel set-up most likely), which would otherwise swamp the median."""
+    sys.path.insert(0, HERE)
+    import models
+
+    timed = models.llama_lengths(steps)
+    warm = list(dict.fromkeys(timed))
+    step = models.llama_step(torch, len(warm) + steps, lengths=warm + timed)
+    step.warmup = len(warm)
+    return step
+
+
+STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step}
+
+
+def is_oom(torch, error):
+    kinds = tuple(k for k in (getattr(torch, "OutOfMemoryError", None),
+                              getattr(torch.cuda, "OutOfMemoryError", None)) if k)
+    return (isinstance(error, kinds + (MemoryError,)) or
+            "out of memory" in str(error).lower())
+
+
+def run_one(model, allocator, steps, warmup, cap_bytes=None):
+    # Alone (not under --all), the allocator's setting is made here, before torch starts.
+    if allocator == "expandable":
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if allocator == "gmem_compact":
+        os.environ.setdefault("GMEM_CACHE_SLACK", "0.015625")
     uses_gmem = allocator.startswith("gmem")
     if uses_gmem:
         sys.path.insert(0, PYTHON_DIR)
@@ -70,69 +116,127 @@ def run_one(model, allocator, steps, warmup):
         gmem.torch.enable()
     import torch
 
+    if cap_bytes and uses_gmem:  # as tests/python/test_torch_gpu.py does: CUDA first
+        torch.cuda.init()
+        gmem.set_memory_limit(int(cap_bytes))
+    elif cap_bytes:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total))
+
     torch.manual_seed(0)
     start = time.time()
-    step = {"gpt2": gpt2_step, "resnet50": resnet50_step}[model](torch)
+    record = dict(kind="train", model=model, allocator=allocator, steps=steps, warmup=warmup,
+                  torch=torch.__version__, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    if cap_bytes:
+        record["cap_bytes"] = int(cap_bytes)
     times, loss = [], None
     maps_after_warmup = None
-    for i in range(warmup + steps):
-        if uses_gmem and i == warmup:
-            import gmem
+    i = None
+    try:
+        step = STEPS[model](torch, warmup, steps)
+        warmup = record["warmup"] = getattr(step, "warmup", warmup)
+        for i in range(warmup + steps):
+            if uses_gmem and i == warmup:
+                import gmem
 
-            maps_after_warmup = gmem.memory_stats().get("gmem.num_maps", 0)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+                maps_after_warmup = gmem.memory_stats().get("gmem.num_maps", 0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = step(i)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    except Exception as e:  # an OOM is the run's result; anything else fails the run
+        if not is_oom(torch, e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        record.update(oom=True, oom_step=i, oom_message=first[:300])
     timed = times[warmup:]
-    record = dict(kind="train", model=model, allocator=allocator, steps=steps, warmup=warmup,
-                  median_ms=round(statistics.median(timed) * 1e3, 2),
-                  min_ms=round(min(timed) * 1e3, 2), max_ms=round(max(timed) * 1e3, 2),
+    if timed and "oom" not in record:
+        record.update(median_ms=round(statistics.median(timed) * 1e3, 2),
+                      min_ms=round(min(timed) * 1e3, 2), max_ms=round(max(timed) * 1e3, 2))
+    record.update(steps_done=len(times), loss=round(float(loss), 4) if loss is not None else None,
                   peak_allocated=torch.cuda.max_memory_allocated(),
-                  peak_reserved=torch.cuda.max_memory_reserved(),
-                  loss=round(float(loss.item()), 4), s=round(time.time() - start, 1),
-                  torch=torch.__version__)
-    record["reserved_ratio"] = round(record["peak_reserved"] / record["peak_allocated"], 4)
+                  peak_reserved=torch.cuda.max_memory_reserved(), s=round(time.time() - start, 1))
+    if record["peak_allocated"]:
+        record["reserved_ratio"] = round(record["peak_reserved"] / record["peak_allocated"], 4)
     if uses_gmem:
         import gmem
 
         stats = gmem.memory_stats()
         record.update(maps=stats.get("gmem.num_maps"), stitches=stats.get("gmem.num_stitches"),
                       device_allocs=stats.get("num_device_alloc"),
-                      maps_after_warmup=stats.get("gmem.num_maps", 0) - maps_after_warmup)
+                      alloc_retries=stats.get("num_alloc_retries"))
+        if maps_after_warmup is not None:
+            record["maps_after_warmup"] = stats.get("gmem.num_maps", 0) - maps_after_warmup
+    else:
+        record["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries")
     return record
 
 
-def run_all(args):
-    """Returns the number of runs that failed."""
+def run_child(args, model, allocator, cap_bytes=None, cap_ratio=None):
+    """One run in its own process; returns its record (with "error" when it failed)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("GMEM_DEVICE", None)
+    if allocator == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if allocator == "gmem_compact":  # memory first: stitch beyond 1/64 over the high-water mark
+        env["GMEM_CACHE_SLACK"] = "0.015625"
+    cmd = [sys.executable, os.path.join(HERE, "train_bench.py"), "--model", model,
+           "--allocator", allocator, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if cap_bytes:
+        cmd += ["--cap-bytes", str(cap_bytes)]
+    began = time.time()
+    try:
+        result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                universal_newlines=True, timeout=args.timeout)
+        lines = [l for l in result.stdout.splitlines() if l.startswith("{")]
+        if result.returncode == 0 and lines:
+            record = json.loads(lines[-1])
+            record["process_s"] = round(time.time() - began, 1)  # start-up and imports included
+            if cap_ratio:
+                record["cap_ratio"] = cap_ratio
+            return record
+        print(result.stderr[-3000:], file=sys.stderr, flush=True)
+        last = [l for l in result.stderr.splitlines() if l.strip()][-1:] or ["no output"]
+        error = "exit %d: %s" % (result.returncode, last[0].strip())
+    except subprocess.TimeoutExpired:
+        error = "timed out after %d s" % args.timeout
+    record = dict(kind="train", model=model, allocator=allocator, error=error[-300:])
+    if cap_bytes:
+        record.update(cap_bytes=cap_bytes, cap_ratio=cap_ratio)
+    return record
+
+
+def run_all(args, models, allocators, uncapped):
+    """Every model x allocator when `uncapped`, then the capped runs of --cap-ratio. Returns the
+    number of runs that failed (an OOM under a cap is a result, not a failure)."""
     failed = 0
-    for model in args.models:
-        for allocator in args.allocators:
-            env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-            env.pop("GMEM_DEVICE", None)
-            if allocator == "expandable":
-                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-            if allocator == "gmem_compact":  # memory first: stitch beyond 1/64 over the high-water mark
-                env["GMEM_CACHE_SLACK"] = "0.015625"
-            cmd = [sys.executable, os.path.join(HERE, "train_bench.py"), "--model", model,
-                   "--allocator", allocator, "--steps", str(args.steps), "--warmup",
-                   str(args.warmup)]
-            try:
-                result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        universal_newlines=True, timeout=args.timeout)
-                lines = [l for l in result.stdout.splitlines() if l.startswith("{")]
-                if result.returncode == 0 and lines:
-                    emit(json.loads(lines[-1]), args.out)
+    native = {}
+    if uncapped:
+        for model in models:
+            for allocator in allocators:
+                record = run_child(args, model, allocator)
+                emit(record, args.out)
+                failed += "error" in record
+                if allocator == "native":
+                    native[model] = record
+    if args.cap_ratio:
+        for model in args.cap_models or models:
+            reference = native.get(model)
+            if not reference or "error" in reference:  # measure the peak first
+                reference = run_child(args, model, "native")
+                reference["role"] = "cap_reference"
+                emit(reference, args.out)
+                if "error" in reference:
+                    failed += 1
                     continue
-                print(result.stderr[-3000:], file=sys.stderr, flush=True)
-                last = [l for l in result.stderr.splitlines() if l.strip()][-1:] or ["no output"]
-                error = "exit %d: %s" % (result.returncode, last[0].strip())
-            except subprocess.TimeoutExpired:
-                error = "timed out after %d s" % args.timeout
-            failed += 1
-            emit(dict(kind="train", model=model, allocator=allocator, error=error[-300:]), args.out)
+            cap = int(args.cap_ratio * reference["peak_allocated"])
+            for allocator in allocators:
+                record = run_child(args, model, allocator, cap, args.cap_ratio)
+                record["cap_reference_peak_allocated"] = reference["peak_allocated"]
+                emit(record, args.out)
+                failed += "error" in record
     return failed
 
 
@@ -142,18 +246,29 @@ def main():
     parser.add_argument("--model", choices=MODELS)
     parser.add_argument("--allocator", choices=ALLOCATORS)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
+    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
+    parser.add_argument("--cap-ratio", type=float,
+                        help="also run under a cap of this times the native peak allocated")
+    parser.add_argument("--cap-models", nargs="+", choices=MODELS,
+                        help="the models run under the cap (default: every model run)")
+    parser.add_argument("--cap-bytes", type=int, help=argparse.SUPPRESS)  # one capped run
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--timeout", type=int, default=150, help="seconds per run (--all)")
+    parser.add_argument("--timeout", type=int, default=150, help="seconds per run (--all, --cap-ratio)")
     parser.add_argument("--out")
     args = parser.parse_args()
-    if args.all:
-        sys.exit(1 if run_all(args) else 0)
-    elif args.model and args.allocator:
-        emit(run_one(args.model, args.allocator, args.steps, args.warmup), args.out)
+    if args.cap_ratio is not None and args.cap_ratio <= 0:
+        parser.error("--cap-ratio must be positive")
+    if args.model and args.allocator and (args.cap_bytes or not args.cap_ratio):
+        emit(run_one(args.model, args.allocator, args.steps, args.warmup, args.cap_bytes), args.out)
+    elif args.all:
+        sys.exit(1 if run_all(args, args.models, args.allocators, uncapped=True) else 0)
+    elif args.model and args.cap_ratio:
+        allocators = [args.allocator] if args.allocator else args.allocators
+        args.cap_models = [args.model]
+        sys.exit(1 if run_all(args, [args.model], allocators, uncapped=False) else 0)
     else:
-        parser.error("give --all, or --model and --allocator")
+        parser.error("give --all, or --model and --allocator, or --model and --cap-ratio")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,234 @@
+"""Workloads shared by capture_traces.py (allocation traces) and train_bench.py (step times).
+
+Each factory takes the imported torch module and the number of steps, builds its model on the GPU
+(seeded, random init, nothing downloaded) and returns `step(i)`, which runs step i and returns a
+float (the loss, or the number of tokens generated); `step.shapes[i]` says what step i works on.
+What a step does depends on i (a sequence length, image sizes), the same for every allocator.
+The step closure holds the model and optimizer: dropping it frees them.
+
+- llama: a Llama-style decoder in plain torch (RMSNorm, SwiGLU MLP, rotary positions, causal
+  attention through F.scaled_dot_product_attention), 374M parameters, each layer under
+  torch.utils.checkpoint (use_reentrant=False), batch 8 with a sequence length drawn per step
+  from 512..2048 (multiples of 64), bf16 autocast, AdamW.
+- fasterrcnn: torchvision fasterrcnn_resnet50_fpn (weights=None, weights_backbone=None) training,
+  4 random images a step whose sides are drawn from 400..1000 each (the model's transform resizes
+  them to a shorter side of 800, so the batch's padded shape changes every step), 1..5 random
+  boxes per image, SGD.
+- gpt2_generate: transformers GPT-2 124M (random init) generate() with its KV cache, greedy, under
+  torch.no_grad: a round of prompts of varying lengths (left padded) per step, batch and new tokens
+  varying between rounds.
+"""
+
+import math
+import random
+
+LLAMA = dict(vocab=32000, dim=1024, layers=24, heads=16, ffn=2816, max_seq=2048)
+LLAMA_BATCH = 8
+LLAMA_SEQ = (512, 2048, 64)  # lengths drawn from range(512, 2048 + 1, 64)
+
+
+def llama_lengths(count, seed=0):
+    """The sequence length of each step: the same list for every allocator."""
+    rng = random.Random(seed)
+    lo, hi, step = LLAMA_SEQ
+    return [rng.randrange(lo, hi + 1, step) for _ in range(count)]
+
+
+def _llama_modules(torch):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return xf.type_as(x) * self.weight
+
+    def rotate(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+    class Attention(nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.heads, self.head_dim = heads, dim // heads
+            self.wq = nn.Linear(dim, dim, bias=False)
+            self.wk = nn.Linear(dim, dim, bias=False)
+            self.wv = nn.Linear(dim, dim, bias=False)
+            self.wo = nn.Linear(dim, dim, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, c = x.shape
+            q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k = self.wk(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            v = self.wv(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(y.transpose(1, 2).reshape(b, t, c))
+
+    class MLP(nn.Module):
+        def __init__(self, dim, hidden):
+            super().__init__()
+            self.w1 = nn.Linear(dim, hidden, bias=False)
+            self.w3 = nn.Linear(dim, hidden, bias=False)
+            self.w2 = nn.Linear(hidden, dim, bias=False)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self, dim, heads, hidden):
+            super().__init__()
+            self.attn_norm, self.attn = RMSNorm(dim), Attention(dim, heads)
+            self.mlp_norm, self.mlp = RMSNorm(dim), MLP(dim, hidden)
+
+        def forward(self, x, cos, sin):
+            h = x + self.attn(self.attn_norm(x), cos, sin)
+            return h + self.mlp(self.mlp_norm(h))
+
+    class Llama(nn.Module):
+        def __init__(self, vocab, dim, layers, heads, ffn, max_seq, checkpoint=True):
+            super().__init__()
+            self.checkpoint = checkpoint
+            self.embed = nn.Embedding(vocab, dim)
+            self.layers = nn.ModuleList(Block(dim, heads, ffn) for _ in range(layers))
+            self.norm = RMSNorm(dim)
+            self.head = nn.Linear(dim, vocab, bias=False)
+            head_dim = dim // heads
+            inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+            angles = torch.outer(torch.arange(max_seq).float(), inv_freq)
+            angles = torch.cat((angles, angles), dim=-1)
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+            for name, p in self.named_parameters():
+                if p.dim() == 2:
+                    std = 0.02 / math.sqrt(2 * layers) if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                    nn.init.normal_(p, mean=0.0, std=std)
+
+        def forward(self, ids, targets):
+            t = ids.shape[1]
+            cos, sin = self.cos[:t], self.sin[:t]
+            x = self.embed(ids)
+            for layer in self.layers:
+                if self.checkpoint and self.training:
+                    x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
+                else:
+                    x = layer(x, cos, sin)
+            logits = self.head(self.norm(x))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return Llama
+
+
+def llama_parameters():
+    c = LLAMA
+    per_layer = 4 * c["dim"] ** 2 + 3 * c["dim"] * c["ffn"] + 2 * c["dim"]
+    return 2 * c["vocab"] * c["dim"] + c["layers"] * per_layer + c["dim"]
+
+
+def llama_step(torch, steps, seed=0, batch=LLAMA_BATCH, lengths=None):
+    """Training steps of the Llama-style model; step i uses `lengths[i]`, by default
+    llama_lengths(steps, seed)[i]."""
+    import torch.utils.checkpoint  # noqa: F401 (torch.utils.checkpoint.checkpoint)
+
+    torch.manual_seed(seed)
+    lengths = list(lengths) if lengths is not None else llama_lengths(steps, seed)
+    with torch.device("cuda"):
+        model = _llama_modules(torch)(**LLAMA)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    data = torch.Generator(device="cuda")
+    data.manual_seed(seed + 1)
+
+    def step(i):
+        t = lengths[i]
+        tokens = torch.randint(0, LLAMA["vocab"], (batch, t + 1), device="cuda", generator=data)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["seq %d" % t for t in lengths]
+    return step
+
+
+def fasterrcnn_step(torch, steps, seed=0, batch=4):
+    """Faster R-CNN training steps on random images of random sizes with random boxes."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    plan = []  # per step: [(h, w, boxes, labels)] with boxes as [x1, y1, x2, y2] lists
+    for _ in range(steps):
+        images = []
+        for _ in range(batch):
+            h, w = rng.randrange(400, 1001), rng.randrange(400, 1001)
+            boxes = []
+            for _ in range(rng.randint(1, 5)):
+                bw, bh = rng.randrange(16, w // 2), rng.randrange(16, h // 2)
+                x1, y1 = rng.randrange(0, w - bw), rng.randrange(0, h - bh)
+                boxes.append([x1, y1, x1 + bw, y1 + bh])
+            images.append((h, w, boxes, [rng.randint(1, 90) for _ in boxes]))
+        plan.append(images)
+    model = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+    model.cuda().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9, weight_decay=1e-4)
+
+    def step(i):
+        images = [torch.rand(3, h, w, device="cuda") for h, w, _, _ in plan[i]]
+        targets = [dict(boxes=torch.tensor(b, dtype=torch.float32, device="cuda"),
+                        labels=torch.tensor(l, dtype=torch.int64, device="cuda"))
+                   for _, _, b, l in plan[i]]
+        losses = model(images, targets)
+        loss = sum(losses.values())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = [" ".join("%dx%d" % (h, w) for h, w, _, _ in images) for images in plan]
+    return step
+
+
+# One generate() call a step: (batch, shortest prompt, longest prompt, new tokens). Each new token
+# costs about 390 allocations (1,160 trace events, 7.4 KB of gzipped trace): two rounds keep the
+# trace under 1.5 MB.
+GPT2_ROUNDS = [(24, 64, 256, 128), (8, 256, 768, 48)]
+
+
+def gpt2_generate_step(torch, steps, seed=0):
+    """GPT-2 generate() rounds; step i is GPT2_ROUNDS[i % len(GPT2_ROUNDS)] with fresh prompts."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().eval()
+    pad = config.eos_token_id
+    plan = []
+    for i in range(steps):
+        batch, lo, hi, new = GPT2_ROUNDS[i % len(GPT2_ROUNDS)]
+        plan.append(([rng.randint(lo, hi) for _ in range(batch)], new))
+
+    def step(i):
+        lengths, new = plan[i]
+        longest = max(lengths)
+        ids = torch.full((len(lengths), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(lengths), longest), dtype=torch.long)
+        for row, n in enumerate(lengths):  # left padding, as generate() wants for a decoder
+            ids[row, longest - n:] = torch.randint(0, config.vocab_size - 1, (n,))
+            mask[row, longest - n:] = 1
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                 max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 pad_token_id=pad)
+        return float(out.shape[1] - longest)
+
+    step.shapes = ["batch %d prompts %d..%d +%d" % (len(l), min(l), max(l), n) for l, n in plan]
+    return step
