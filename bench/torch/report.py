@@ -139,7 +139,7 @@ def table(results):
     return "\n".join(out)
 
 
-TRAIN_ALLOCATORS = ("native", "expandable", "gmem", "gmem_compact")
+TRAIN_ALLOCATORS = ("native", "expandable", "gmem")
 
 
 def train_cell(r):

@@ -15,8 +15,7 @@ a sequence length drawn per step from 512..2048, the same lengths for every allo
 autocast, AdamW), the program of llama_ckpt_varlen.trace.csv.gz; its warm-up runs each distinct
 length of its timed steps once (see llama_step).
 Allocators: native (PyTorch's caching allocator), expandable (the same with
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), gmem (gmem.torch.enable()) and gmem_compact
-(the same with GMEM_CACHE_SLACK=0.015625: memory first; not in the default set, name it).
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and gmem (gmem.torch.enable()).
 
 The cap (--cap-ratio R): R x the peak allocated of the model's uncapped native run (taken from
 this invocation's --all runs, else measured first), through
@@ -37,7 +36,7 @@ import time
 from common import HERE, PYTHON_DIR, emit
 
 MODELS = ("gpt2", "resnet50", "llama")
-ALLOCATORS = ("native", "expandable", "gmem", "gmem_compact")
+ALLOCATORS = ("native", "expandable", "gmem")
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmem")
 
 
@@ -106,8 +105,6 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
     # Alone (not under --all), the allocator's setting is made here, before torch starts.
     if allocator == "expandable":
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if allocator == "gmem_compact":
-        os.environ.setdefault("GMEM_CACHE_SLACK", "0.015625")
     uses_gmem = allocator.startswith("gmem")
     if uses_gmem:
         sys.path.insert(0, PYTHON_DIR)
@@ -180,8 +177,6 @@ def run_child(args, model, allocator, cap_bytes=None, cap_ratio=None):
     env.pop("GMEM_DEVICE", None)
     if allocator == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if allocator == "gmem_compact":  # memory first: stitch beyond 1/64 over the high-water mark
-        env["GMEM_CACHE_SLACK"] = "0.015625"
     cmd = [sys.executable, os.path.join(HERE, "train_bench.py"), "--model", model,
            "--allocator", allocator, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if cap_bytes:
