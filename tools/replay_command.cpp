@@ -1,7 +1,12 @@
 // gmem replay: how much memory gmem needs for a real trace, next to what PyTorch's allocator took.
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
+#include "analysis/step_finder.hpp"
 #include "args.hpp"
 #include "commands.hpp"
 #include "common/json.hpp"
@@ -11,19 +16,40 @@
 
 namespace gmem::cli {
 
+// The default lag of the simulated GPU behind the host. PyTorch queues kernels asynchronously,
+// and on a busy GPU its host runs several ms ahead (up to the launch queue's depth, or the next
+// sync such as loss.item()); 2 ms is the low end of that, so the replay errs on the side of a GPU
+// that catches up early. --lag 0 gives the earlier model, where stream work completes at once.
+constexpr double kDefaultLagUs = 2000;
+
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] FILE...\n"
+    "usage: gmem replay [--json] [--capacity BYTES] [--lag US] FILE...\n"
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
     "as ratios to the trace's peak allocated memory: the memory PyTorch's allocator reserved\n"
     "(from the trace's segment events), gmem's peak reserved memory, and the smallest device\n"
-    "gmem can run the trace on. Also the device calls gmem made and its host time per call.\n"
+    "gmem can run the trace on. Also the device calls gmem made, its host time per call, and\n"
+    "the modelled time a training step spends on the device layer.\n"
+    "\n"
+    "The simulated GPU runs behind the host, as a real one does: the host clock follows the\n"
+    "trace's timestamps, and an event recorded on a stream completes --lag microseconds later.\n"
+    "Memory freed on a stream moves to another stream, or is unmapped (cuMemUnmap is not\n"
+    "stream-ordered), only once that stream has caught up; when gmem must wait, the host waits\n"
+    "and the rest of the trace happens that much later.\n"
+    "\n"
+    "device ms/step: modelled host time in device calls (priced as measured on an H100, per\n"
+    "2 MiB: cuMemCreate 15 us, cuMemMap 2, cuMemSetAccess 38, cuMemUnmap 22, cuMemRelease 16;\n"
+    "event calls 0.5-1 us) plus time waiting for streams, over the second half of the trace,\n"
+    "divided by the training steps ending in it (steps found at the minima of live memory).\n"
+    "Where no steps are found it is the whole second half's time in ms, marked \"(half)\".\n"
     "\n"
     "FILE: a PyTorch trace CSV (.csv or .csv.gz), a snapshot pickle from\n"
     "torch.cuda.memory._dump_snapshot(), or an RMM log.\n"
     "\n"
     "  --capacity BYTES  the simulated device's memory (default 80G; e.g. 16G, 512M)\n"
-
+    "  --lag US          how far the GPU runs behind the host, in microseconds (default 2000:\n"
+    "                    PyTorch's host typically runs several ms ahead of a busy GPU; 0: stream\n"
+    "                    work completes at once, the model of earlier gmem versions)\n"
     "  --json            one JSON object per trace, one per line\n";
 
 namespace {
@@ -37,6 +63,52 @@ std::string fixed(double value, int digits) {
 std::string bytes_with_ratio(std::uint64_t bytes, double ratio) {
   if (bytes == 0) return "-";  // e.g. an RMM log has no segment events
   return format_bytes(bytes) + " (" + fixed(ratio, 3) + ")";
+}
+
+// `--lag US`: a finite number of microseconds, 0 or more.
+double parse_lag(const std::string& text) {
+  double us = 0;
+  const char* end = text.data() + text.size();
+  auto [stop, ec] = std::from_chars(text.data(), end, us);
+  if (ec != std::errc{} || stop != end || !std::isfinite(us) || us < 0)
+    throw UsageError("--lag takes microseconds, a number >= 0 (e.g. 2000, or 0 for no lag), not '" + text + "'");
+  return us;
+}
+
+// Where training steps end, as trace event indices: the deep minima of live memory (as the
+// replay sees it: a block is live from its alloc to its free_completed).
+std::vector<std::size_t> step_ends(const trace::Trace& t) {
+  std::vector<std::int64_t> live_curve;
+  std::vector<std::size_t> event_of_point;
+  std::unordered_map<std::uint64_t, std::uint64_t> live;  // addr -> size
+  std::int64_t live_bytes = 0;
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    const trace::Event& e = t.events[i];
+    if (e.action == trace::Action::alloc) {
+      live[e.addr] = e.size;
+      live_bytes += static_cast<std::int64_t>(e.size);
+    } else if (e.action == trace::Action::free_completed) {
+      auto it = live.find(e.addr);
+      if (it == live.end()) continue;
+      live_bytes -= static_cast<std::int64_t>(it->second);
+      live.erase(it);
+    } else {
+      continue;
+    }
+    live_curve.push_back(live_bytes);
+    event_of_point.push_back(i);
+  }
+  std::vector<std::size_t> ends;
+  for (std::size_t point : analysis::step_ends_from_live_minima(live_curve))
+    ends.push_back(event_of_point[point]);
+  return ends;
+}
+
+// Modelled device time (calls and waits) of the second half per step ending there, in ms; where
+// no step ends there (r.late_steps == 0), the second half's whole time.
+double late_device_ms(const trace::ReplayResult& r) {
+  const double ms = (r.late_device_call_us + r.late_host_wait_us) / 1000.0;
+  return r.late_steps ? ms / static_cast<double>(r.late_steps) : ms;
 }
 
 std::string json_line(const trace::ReplayResult& r, const std::string& path, std::uint64_t min_cap) {
@@ -61,7 +133,17 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
       .field("unmaps", r.unmaps)
       .field("late_device_calls", r.late_device_calls)
       .field("ns_per_op", r.ns_per_op)
-      .field("failed", r.failed);
+      .field("lag_us", r.lag_us)
+      .field("device_call_us", r.device_call_us)
+      .field("host_wait_us", r.host_wait_us)
+      .field("late_device_call_us", r.late_device_call_us)
+      .field("late_host_wait_us", r.late_host_wait_us)
+      .field("host_clock_us", r.host_clock_us)
+      .field("steps", r.steps)
+      .field("late_steps", r.late_steps);
+  if (r.late_steps) w.field("device_ms_per_step", late_device_ms(r));
+  else w.field("device_ms_per_step", nullptr);
+  w.field("failed", r.failed);
   if (r.failed) w.field("failure", r.failure);
   w.end_object();
   return w.str();
@@ -72,6 +154,7 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
 int replay_command(const Args& args) {
   bool as_json = false;
   trace::ReplayOptions options;
+  options.lag_us = kDefaultLagUs;
   std::vector<std::string> files;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -82,22 +165,25 @@ int replay_command(const Args& args) {
       if (options.capacity == 0) throw UsageError("--capacity must be more than 0");
     } else if (a.starts_with("--capacity=")) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
+    } else if (a == "--lag") {
+      options.lag_us = parse_lag(option_value(args, i));
     } else if (a.starts_with("-") && a != "-") {
       throw UsageError("replay: unknown option " + a + " (see gmem help replay)");
     } else {
       files.push_back(a);
     }
   }
-  if (files.empty()) throw UsageError("replay: no trace given (usage: gmem replay [--json] [--capacity BYTES] FILE...)");
+  if (files.empty()) throw UsageError("replay: no trace given (usage: gmem replay [--json] [--capacity BYTES] [--lag US] FILE...)");
 
   Table table({"trace", "events", "peak allocated", "PyTorch reserved", "gmem reserved",
-               "min capacity", "creates/maps/unmaps", "ns/op"},
-              {false, true, true, true, true, true, true, true});
+               "min capacity", "creates/maps/unmaps", "ns/op", "device ms/step"},
+              {false, true, true, true, true, true, true, true, true});
   int status = 0;
   for (const std::string& file : files) {
     const trace::Trace t = trace::read_trace(file);
+    options.step_ends = step_ends(t);
     const trace::ReplayResult r = trace::replay(t, options);
-    const std::uint64_t min_cap = trace::min_capacity(t);
+    const std::uint64_t min_cap = trace::min_capacity(t, options.lag_us);
     if (as_json) {
       std::printf("%s\n", json_line(r, file, min_cap).c_str());
       std::fflush(stdout);
@@ -107,7 +193,8 @@ int replay_command(const Args& args) {
                  r.failed ? "FAILED" : bytes_with_ratio(r.peak_reserved, r.reserved_ratio()),
                  bytes_with_ratio(min_cap, r.ratio(min_cap)),
                  std::to_string(r.creates) + "/" + std::to_string(r.maps) + "/" + std::to_string(r.unmaps),
-                 fixed(r.ns_per_op, 0)});
+                 fixed(r.ns_per_op, 0),
+                 fixed(late_device_ms(r), 2) + (r.late_steps ? "" : " (half)")});
     }
     if (r.failed) {
       std::fprintf(stderr, "gmem: %s: replay failed on a %s device: %s\n", r.trace.c_str(),

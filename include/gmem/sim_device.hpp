@@ -1,11 +1,14 @@
 // A simulated GPU: no memory behind it (an 80 GiB device costs nothing), strict about misuse
 // (mapping outside a reservation, double maps, releasing a mapped chunk all throw), counts every
 // call, can fail the Nth call of a kind, and models streams so that stream ordering can be tested.
+// It also keeps modelled time: a host clock, the GPU lagging behind it (lag_us), and what the
+// host spends in device calls (kDeviceCallPrices) and waiting for streams.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -33,6 +36,42 @@ enum class DeviceCall : int {
 };
 const char* device_call_name(DeviceCall call) noexcept;
 
+// What each device call costs the host, in modelled microseconds. The memory calls are as
+// measured on an H100 for one 2 MiB chunk; a call on a larger range costs its price per granule
+// (size / granularity: cuMemMap of a 6 MiB chunk, 3 x 2 us). The event calls were not measured
+// alone: 1 us for record, create, destroy and synchronize (the call; the wait is counted apart)
+// and 0.5 us for a query are estimates of a driver call that does no memory management. Address
+// reservations and cuMemGetInfo are made a few times a run and are not priced.
+struct DeviceCallPrice {
+  DeviceCall call;
+  double us;         // per call, or per granule when per_granule
+  bool per_granule;  // scales with the size of the range or chunk
+};
+inline constexpr DeviceCallPrice kDeviceCallPrices[] = {
+    {DeviceCall::reserve_address, 0.0, false},    // cuMemAddressReserve: not priced
+    {DeviceCall::release_address, 0.0, false},    // cuMemAddressFree: not priced
+    {DeviceCall::create_chunk, 15.0, true},       // cuMemCreate
+    {DeviceCall::release_chunk, 16.0, true},      // cuMemRelease
+    {DeviceCall::map, 2.0, true},                 // cuMemMap
+    {DeviceCall::unmap, 22.0, true},              // cuMemUnmap
+    {DeviceCall::set_access, 38.0, true},         // cuMemSetAccess
+    {DeviceCall::create_event, 1.0, false},       // cuEventCreate: estimated
+    {DeviceCall::destroy_event, 1.0, false},      // cuEventDestroy: estimated
+    {DeviceCall::record_event, 1.0, false},       // cuEventRecord: estimated
+    {DeviceCall::query_event, 0.5, false},        // cuEventQuery: estimated
+    {DeviceCall::synchronize_event, 1.0, false},  // cuEventSynchronize, the wait apart: estimated
+    {DeviceCall::mem_info, 0.0, false},           // cuMemGetInfo: not priced
+};
+// The table is indexed by DeviceCall: one row per kind, in the enum's order.
+constexpr bool device_call_prices_in_order() {
+  constexpr auto kinds = static_cast<std::size_t>(DeviceCall::count_);
+  if (std::size(kDeviceCallPrices) != kinds) return false;
+  for (std::size_t i = 0; i < kinds; ++i)
+    if (static_cast<std::size_t>(kDeviceCallPrices[i].call) != i) return false;
+  return true;
+}
+static_assert(device_call_prices_in_order(), "kDeviceCallPrices: one row per DeviceCall, in order");
+
 struct SimDeviceOptions {
   std::size_t capacity = std::size_t{80} << 30;    // total device memory
   std::size_t granularity = std::size_t{2} << 20;  // physical page size
@@ -40,6 +79,12 @@ struct SimDeviceOptions {
   // When true, streams finish their work at once: every event is complete when recorded.
   // When false, work on a stream completes only through complete_stream() or a synchronize.
   bool streams_complete_immediately = true;
+  // The host-ahead model: the GPU runs lag_us (modelled microseconds) behind the host on every
+  // stream. An event recorded at host time t completes at t + lag_us (never before an event
+  // recorded earlier on its stream), as seen by the host clock (set_host_time). 0: events are
+  // complete when recorded. It combines with streams_complete_immediately = false: an event is
+  // then complete when its work is done and its time has come.
+  double lag_us = 0;
   std::string name = "simulated";
 };
 
@@ -67,7 +112,7 @@ class SimulatedDevice final : public Device {
 
   // --- for tests and replay ---
   std::uint64_t calls(DeviceCall call) const;
-  void reset_call_counts();
+  void reset_call_counts();  // and modelled_call_us(), which follows the counts
   // Make the nth call of `call` from now on (1 = the next one) throw a DeviceError. When
   // `out_of_memory` is set the error reads as the device running out of memory.
   void fail_call(DeviceCall call, std::uint64_t nth = 1, bool out_of_memory = false);
@@ -76,6 +121,24 @@ class SimulatedDevice final : public Device {
   // All work submitted to `stream` so far has finished.
   void complete_stream(StreamId stream);
   void complete_all_streams();
+
+  // --- modelled time (microseconds) ---
+  // The host clock: starts at 0, never runs backwards (an earlier time is ignored). A replay
+  // advances it by the gaps between its trace's timestamps; synchronize_event moves it on to the
+  // event's completion (a wait), and the trace's later events follow from there.
+  void set_host_time(double us);
+  void advance_host_time(double us);  // by `us` more (negative: ignored)
+  double host_time() const;
+  // The GPU's lag behind the host for events recorded from now on (SimDeviceOptions::lag_us): a
+  // busier phase, say. An event never completes before one recorded earlier on its stream.
+  void set_lag(double us);
+  double lag() const;
+  // Host time spent in device calls, priced by kDeviceCallPrices (failed calls too). It is an
+  // account, not a clock: the host clock does not move, so calls and waits add up without one
+  // shortening the other.
+  double modelled_call_us() const;
+  // Host time spent in synchronize_event waiting for a stream to reach the event.
+  double modelled_wait_us() const;
 
   std::size_t chunk_bytes() const;     // physical memory created and not released
   std::size_t mapped_bytes() const;    // bytes of virtual address space that are mapped
@@ -98,15 +161,28 @@ class SimulatedDevice final : public Device {
   struct Event {
     StreamId stream = 0;
     std::uint64_t target = 0;  // work item on `stream` this event waits for
+    double completes_at_us = 0;  // host time at which the lagging GPU reaches it
     bool recorded = false;
   };
-  void count(DeviceCall call);  // counts, and throws if this call is set to fail
+  struct Stream {
+    std::uint64_t submitted = 0, completed = 0;  // work items (submit_work, complete_stream)
+    double last_completion_us = 0;  // of the latest event recorded on it
+  };
+  // Counts, prices (`granules` of a per-granule call), and throws if this call is set to fail.
+  void count(DeviceCall call, double granules = 1.0);
+  double granules_in(std::size_t bytes) const { return static_cast<double>(bytes) * per_granule_; }
+  bool event_complete(const Event& event);
   void check_reserved(DevicePtr va, std::size_t size, const char* call) const;
   void check_granular(std::size_t value, const char* what, const char* call) const;
 
   SimDeviceOptions options_;
+  double per_granule_;  // 1 / granularity, exact: granularity is a power of two
   mutable std::mutex mutex_;
   std::array<std::uint64_t, static_cast<int>(DeviceCall::count_)> calls_{};
+  double host_time_us_ = 0;
+  double lag_us_;
+  double call_us_ = 0;
+  double wait_us_ = 0;
   std::array<Failure, static_cast<int>(DeviceCall::count_)> failures_{};
   DevicePtr next_address_;
   std::map<DevicePtr, std::size_t> reservations_;         // base -> size
@@ -117,7 +193,7 @@ class SimulatedDevice final : public Device {
   std::unordered_map<DevicePtr, Granule> granules_;       // granule-aligned va -> mapping
   std::unordered_map<EventHandle, Event> events_;
   EventHandle next_event_ = 1;
-  std::unordered_map<StreamId, std::uint64_t> submitted_, completed_;
+  std::unordered_map<StreamId, Stream> streams_;
 };
 
 }  // namespace gmem

@@ -4,6 +4,7 @@
 #include "gmem/sim_device.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -56,11 +57,18 @@ const char* device_call_name(DeviceCall call) noexcept {
 }
 
 SimulatedDevice::SimulatedDevice(SimDeviceOptions options)
-    : options_(std::move(options)), next_address_(kFirstAddress) {
+    : options_(std::move(options)),
+      per_granule_(1.0 / static_cast<double>(options_.granularity)),
+      lag_us_(options_.lag_us),
+      next_address_(kFirstAddress) {
   if (!is_power_of_two(options_.granularity)) {
     throw Error(Errc::invalid_argument, "SimulatedDevice: granularity " +
                                             std::to_string(options_.granularity) +
                                             " is not a power of two");
+  }
+  if (!(options_.lag_us >= 0) || !std::isfinite(options_.lag_us)) {
+    throw Error(Errc::invalid_argument, "SimulatedDevice: lag_us " + std::to_string(options_.lag_us) +
+                                            " is not a finite number >= 0");
   }
   if (options_.used_by_others > options_.capacity) {
     throw Error(Errc::invalid_argument, "SimulatedDevice: used_by_others " +
@@ -71,9 +79,11 @@ SimulatedDevice::SimulatedDevice(SimDeviceOptions options)
 
 SimulatedDevice::~SimulatedDevice() = default;
 
-void SimulatedDevice::count(DeviceCall call) {
+void SimulatedDevice::count(DeviceCall call, double granules) {
   const int i = index_of(call);
   const std::uint64_t number = ++calls_[i];
+  const DeviceCallPrice& price = kDeviceCallPrices[i];
+  call_us_ += price.per_granule ? price.us * granules : price.us;
   if (failures_[i].at != 0 && failures_[i].at == number) {
     const bool oom = failures_[i].out_of_memory;
     failures_[i] = {};
@@ -164,7 +174,7 @@ void SimulatedDevice::release_address(DevicePtr base, std::size_t size) {
 ChunkHandle SimulatedDevice::create_chunk(std::size_t size) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::create_chunk);
-  count(DeviceCall::create_chunk);
+  count(DeviceCall::create_chunk, granules_in(size));
   if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
   check_granular(size, "size", call);
   const std::size_t available = options_.capacity - options_.used_by_others;
@@ -183,8 +193,8 @@ ChunkHandle SimulatedDevice::create_chunk(std::size_t size) {
 void SimulatedDevice::release_chunk(ChunkHandle chunk) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::release_chunk);
-  count(DeviceCall::release_chunk);
   auto it = chunks_.find(chunk);
+  count(DeviceCall::release_chunk, it == chunks_.end() ? 1.0 : granules_in(it->second));
   if (it == chunks_.end()) {
     throw DeviceError(call, kInvalidHandle, "unknown chunk " + std::to_string(chunk));
   }
@@ -198,7 +208,7 @@ void SimulatedDevice::release_chunk(ChunkHandle chunk) {
 void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::map);
-  count(DeviceCall::map);
+  count(DeviceCall::map, granules_in(size));
   auto it = chunks_.find(chunk);
   if (it == chunks_.end()) {
     throw DeviceError(call, kInvalidHandle, "unknown chunk " + std::to_string(chunk));
@@ -225,7 +235,7 @@ void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
 void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::unmap);
-  count(DeviceCall::unmap);
+  count(DeviceCall::unmap, granules_in(size));
   if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
   check_granular(va, "address", call);
   check_granular(size, "size", call);
@@ -257,7 +267,7 @@ void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
 void SimulatedDevice::set_access(DevicePtr va, std::size_t size) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::set_access);
-  count(DeviceCall::set_access);
+  count(DeviceCall::set_access, granules_in(size));
   if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
   check_granular(va, "address", call);
   check_granular(size, "size", call);
@@ -297,7 +307,17 @@ void SimulatedDevice::record_event(EventHandle event, StreamId stream) {
     throw DeviceError(device_call_name(DeviceCall::record_event), kInvalidHandle,
                       "unknown event " + std::to_string(event));
   }
-  it->second = Event{stream, submitted_[stream], true};
+  Stream& s = streams_[stream];
+  // The GPU reaches the event lag_us after the host recorded it, and a stream runs in order.
+  const double completes_at = std::max(host_time_us_ + lag_us_, s.last_completion_us);
+  s.last_completion_us = completes_at;
+  it->second = Event{stream, s.submitted, completes_at, true};
+}
+
+bool SimulatedDevice::event_complete(const Event& event) {
+  if (!event.recorded) return true;  // as with cuEventQuery
+  if (host_time_us_ < event.completes_at_us) return false;  // the lagging GPU is not there yet
+  return options_.streams_complete_immediately || streams_[event.stream].completed >= event.target;
 }
 
 bool SimulatedDevice::query_event(EventHandle event) {
@@ -308,9 +328,7 @@ bool SimulatedDevice::query_event(EventHandle event) {
     throw DeviceError(device_call_name(DeviceCall::query_event), kInvalidHandle,
                       "unknown event " + std::to_string(event));
   }
-  // An event never recorded is complete, as with cuEventQuery.
-  if (options_.streams_complete_immediately || !it->second.recorded) return true;
-  return completed_[it->second.stream] >= it->second.target;
+  return event_complete(it->second);
 }
 
 void SimulatedDevice::synchronize_event(EventHandle event) {
@@ -321,10 +339,16 @@ void SimulatedDevice::synchronize_event(EventHandle event) {
     throw DeviceError(device_call_name(DeviceCall::synchronize_event), kInvalidHandle,
                       "unknown event " + std::to_string(event));
   }
-  if (!it->second.recorded) return;
-  // Waiting on the host lets the stream run up to the event (not past it).
-  std::uint64_t& done = completed_[it->second.stream];
-  done = std::max(done, it->second.target);
+  const Event& e = it->second;
+  if (!e.recorded) return;
+  // Waiting on the host lets the stream run up to the event (not past it), and the host's clock
+  // runs on meanwhile.
+  std::uint64_t& done = streams_[e.stream].completed;
+  done = std::max(done, e.target);
+  if (e.completes_at_us > host_time_us_) {
+    wait_us_ += e.completes_at_us - host_time_us_;
+    host_time_us_ = e.completes_at_us;
+  }
 }
 
 std::uint64_t SimulatedDevice::calls(DeviceCall call) const {
@@ -339,6 +363,7 @@ void SimulatedDevice::reset_call_counts() {
     if (failures_[i].at != 0) failures_[i].at -= calls_[i];
     calls_[i] = 0;
   }
+  call_us_ = 0;
 }
 
 void SimulatedDevice::fail_call(DeviceCall call, std::uint64_t nth, bool out_of_memory) {
@@ -349,18 +374,59 @@ void SimulatedDevice::fail_call(DeviceCall call, std::uint64_t nth, bool out_of_
 
 void SimulatedDevice::submit_work(StreamId stream) {
   std::lock_guard lock(mutex_);
-  const std::uint64_t work = ++submitted_[stream];
-  if (options_.streams_complete_immediately) completed_[stream] = work;
+  Stream& s = streams_[stream];
+  ++s.submitted;
+  if (options_.streams_complete_immediately) s.completed = s.submitted;
 }
 
 void SimulatedDevice::complete_stream(StreamId stream) {
   std::lock_guard lock(mutex_);
-  completed_[stream] = submitted_[stream];
+  Stream& s = streams_[stream];
+  s.completed = s.submitted;
 }
 
 void SimulatedDevice::complete_all_streams() {
   std::lock_guard lock(mutex_);
-  for (const auto& [stream, work] : submitted_) completed_[stream] = work;
+  for (auto& [stream, s] : streams_) s.completed = s.submitted;
+}
+
+void SimulatedDevice::set_host_time(double us) {
+  std::lock_guard lock(mutex_);
+  host_time_us_ = std::max(host_time_us_, us);
+}
+
+void SimulatedDevice::advance_host_time(double us) {
+  std::lock_guard lock(mutex_);
+  if (us > 0) host_time_us_ += us;
+}
+
+double SimulatedDevice::host_time() const {
+  std::lock_guard lock(mutex_);
+  return host_time_us_;
+}
+
+void SimulatedDevice::set_lag(double us) {
+  if (!(us >= 0) || !std::isfinite(us)) {
+    throw Error(Errc::invalid_argument, "SimulatedDevice::set_lag: " + std::to_string(us) +
+                                            " is not a finite number >= 0");
+  }
+  std::lock_guard lock(mutex_);
+  lag_us_ = us;
+}
+
+double SimulatedDevice::lag() const {
+  std::lock_guard lock(mutex_);
+  return lag_us_;
+}
+
+double SimulatedDevice::modelled_call_us() const {
+  std::lock_guard lock(mutex_);
+  return call_us_;
+}
+
+double SimulatedDevice::modelled_wait_us() const {
+  std::lock_guard lock(mutex_);
+  return wait_us_;
 }
 
 std::size_t SimulatedDevice::chunk_bytes() const {

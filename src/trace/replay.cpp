@@ -27,6 +27,7 @@ std::string hex(std::uint64_t value) {
 struct Op {
   std::uint64_t size = 0;    // malloc only
   std::uint64_t stream = 0;  // malloc only
+  double host_advance_us = 0;  // trace time since the previous op (0 if the clock went back)
   std::uint32_t slot = 0;    // which live block
   bool malloc = false;
   std::uint32_t event = 0;   // index into the trace's events, for messages
@@ -51,6 +52,13 @@ Program compile(const Trace& trace) {
   std::unordered_map<std::uint64_t, Live> live;  // trace address -> block
   std::vector<std::uint32_t> free_slots;
   std::uint64_t allocated = 0, reserved = 0;
+  std::int64_t last_op_time_us = 0;
+  // Host time between an op and the one before it; the first op starts the clock at 0.
+  auto since_last_op = [&](const Event& e) {
+    const std::int64_t gap = p.ops.empty() ? 0 : e.time_us - last_op_time_us;
+    last_op_time_us = p.ops.empty() ? e.time_us : std::max(last_op_time_us, e.time_us);
+    return static_cast<double>(std::max<std::int64_t>(gap, 0));
+  };
   p.ops.reserve(trace.events.size());
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const Event& e = trace.events[i];
@@ -70,7 +78,7 @@ Program compile(const Trace& trace) {
           throw BadInputError(trace.path, e.line,
                               "alloc at " + hex(e.addr) + ", which is still live (allocated at line " +
                                   std::to_string(it->second.line) + ")");
-        p.ops.push_back(Op{e.size, e.stream, slot, true, index});
+        p.ops.push_back(Op{e.size, e.stream, since_last_op(e), slot, true, index});
         ++p.mallocs;
         allocated += round_up(e.size, kAlignment);
         p.peak_allocated = std::max(p.peak_allocated, allocated);
@@ -80,7 +88,7 @@ Program compile(const Trace& trace) {
         auto it = live.find(e.addr);
         if (it == live.end())
           throw BadInputError(trace.path, e.line, "free of " + hex(e.addr) + ", which is not live");
-        p.ops.push_back(Op{0, 0, it->second.slot, false, index});
+        p.ops.push_back(Op{0, 0, since_last_op(e), it->second.slot, false, index});
         free_slots.push_back(it->second.slot);
         allocated -= round_up(it->second.size, kAlignment);
         live.erase(it);
@@ -104,8 +112,10 @@ Program compile(const Trace& trace) {
 
 struct DeviceCounts {
   std::uint64_t creates, maps, unmaps;
+  double call_us, wait_us;  // modelled
   static DeviceCounts of(const SimulatedDevice& d) {
-    return {d.calls(DeviceCall::create_chunk), d.calls(DeviceCall::map), d.calls(DeviceCall::unmap)};
+    return {d.calls(DeviceCall::create_chunk), d.calls(DeviceCall::map), d.calls(DeviceCall::unmap),
+            d.modelled_call_us(), d.modelled_wait_us()};
   }
   std::uint64_t total() const { return creates + maps + unmaps; }
 };
@@ -121,6 +131,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
 
   SimDeviceOptions device_options;
   device_options.capacity = options.capacity;
+  device_options.lag_us = options.lag_us;
   SimulatedDevice device(device_options);
   Engine engine(device, options.engine);
   std::vector<void*> blocks(program.slots);
@@ -145,6 +156,9 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
       const auto start = std::chrono::steady_clock::now();
       for (; done < end; ++done) {
         const Op& op = program.ops[done];
+        // The host clock follows the trace from where it stands: after a modelled wait, the
+        // rest of the trace happens that much later.
+        if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
         if (op.malloc) {
           blocks[op.slot] = engine.malloc(op.size, op.stream);
         } else {
@@ -184,6 +198,23 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   r.maps = end_counts.maps;
   r.unmaps = end_counts.unmaps;
   r.late_device_calls = done >= half ? end_counts.total() - at_half.total() : 0;
+  r.lag_us = options.lag_us;
+  r.device_call_us = end_counts.call_us;
+  r.host_wait_us = end_counts.wait_us;
+  r.host_clock_us = device.host_time();
+  if (done >= half) {
+    r.late_device_call_us = end_counts.call_us - at_half.call_us;
+    r.late_host_wait_us = end_counts.wait_us - at_half.wait_us;
+  }
+  if (done > 0) {  // step ends among the events replayed, and among the second half's
+    const std::size_t last_event = program.ops[done - 1].event;
+    const std::size_t late_from = half < done ? program.ops[half].event : last_event + 1;
+    for (std::size_t end : options.step_ends) {
+      if (end > last_event) break;
+      ++r.steps;
+      r.late_steps += end >= late_from;
+    }
+  }
   for (std::size_t i = 0; i < done; ++i) (program.ops[i].malloc ? r.mallocs : r.frees)++;
   r.ns_per_op = done ? static_cast<double>(engine_time.count()) / static_cast<double>(done) : 0.0;
   return r;
@@ -195,16 +226,18 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   return run(trace, compile(trace), options);
 }
 
-std::size_t min_capacity(const Trace& trace, std::size_t granularity) {
+std::size_t min_capacity(const Trace& trace, double lag_us, std::size_t granularity) {
   const Program program = compile(trace);
   if (program.peak_allocated == 0) return 0;
   auto runs = [&](std::size_t capacity) {
     ReplayOptions options;
     options.capacity = capacity;
+    options.lag_us = lag_us;
     return !run(trace, program, options).failed;
   };
   // The replay on a device as large as need be bounds the answer from above.
   ReplayOptions roomy;
+  roomy.lag_us = lag_us;
   roomy.capacity = std::max<std::size_t>(roomy.capacity, round_up(4 * program.peak_allocated, granularity));
   const ReplayResult unlimited = run(trace, program, roomy);
   if (unlimited.failed) return 0;

@@ -1,6 +1,9 @@
 // Replays a trace's alloc/free sequence through gmem's Engine on a SimulatedDevice and measures
 // what it reserved, the device calls it made and its host time, next to what the trace's own
-// allocator (PyTorch's native one) reserved.
+// allocator (PyTorch's native one) reserved. The device's host clock follows the trace's
+// timestamps, and with a lag the GPU runs behind it: memory freed on a stream moves to another
+// stream, or is unmapped, only once the stream has caught up, and what that costs (device calls
+// and host waits) is reported in modelled time.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +26,12 @@ struct ReplayOptions {
   std::size_t check_every = 0;
   // Replays only the trace's first `stop_at_event` events (0: all of them): the state at a point.
   std::size_t stop_at_event = 0;
+  // How far (modelled microseconds) the GPU runs behind the host: SimDeviceOptions::lag_us.
+  // 0: stream work completes at once, the model of replays before the lag existed.
+  double lag_us = 0;
+  // Indices of the trace events after which a training step ends, ascending, when the caller
+  // knows them (analysis::step_ends_from_live_minima, say): the result then counts steps.
+  std::vector<std::size_t> step_ends;
   // Called when the replay stops, the engine still holding the live blocks (for summaries), with
   // each live block's engine pointer and the index of the trace event that allocated it.
   std::function<void(const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live)>
@@ -47,7 +56,21 @@ struct ReplayResult {
   // Device calls (create + map + unmap) during the second half of the replayed operations: a
   // steady loop should make none once its working set is cached.
   std::uint64_t late_device_calls = 0;
-  double ns_per_op = 0;  // host time inside Engine::malloc/free, per call
+  double ns_per_op = 0;  // host time inside Engine::malloc/free, per call (and the clock's update)
+
+  // Modelled host time (SimulatedDevice, microseconds): in the engine's device calls (priced by
+  // kDeviceCallPrices) and waiting for streams to catch up (under a lag); overall and during the
+  // second half of the replayed operations (the steady state, as late_device_calls).
+  double lag_us = 0;  // the GPU's lag the replay ran under
+  double device_call_us = 0;
+  double host_wait_us = 0;
+  double late_device_call_us = 0;
+  double late_host_wait_us = 0;
+  double host_clock_us = 0;  // the host clock at the end: the trace's replayed span plus the waits
+  // Step ends (ReplayOptions::step_ends) among the replayed events, and among those of the
+  // second half; 0 when unknown.
+  std::size_t steps = 0;
+  std::size_t late_steps = 0;
 
   bool failed = false;
   std::string failure;  // the first failure: which event and why
@@ -64,7 +87,9 @@ struct ReplayResult {
 ReplayResult replay(const Trace& trace, const ReplayOptions& options = {});
 
 // The smallest device capacity, a multiple of `granularity`, on which the replay has no failed
-// malloc (bisection between peak allocated and what an unlimited replay reserved).
-std::size_t min_capacity(const Trace& trace, std::size_t granularity = std::size_t{2} << 20);
+// malloc (bisection between peak allocated and what an unlimited replay reserved), with the GPU
+// `lag_us` behind the host (ReplayOptions::lag_us).
+std::size_t min_capacity(const Trace& trace, double lag_us = 0,
+                         std::size_t granularity = std::size_t{2} << 20);
 
 }  // namespace gmem::trace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <set>
 #include <thread>
 #include <vector>
@@ -325,6 +327,199 @@ TEST(SimDevice, EventsWaitForWorkSubmittedBeforeThem) {
   EXPECT_TRUE(device.query_event(elsewhere));
 }
 
+// --- the host-ahead model: the GPU runs lag_us behind the host clock ---
+
+SimulatedDevice lagging_device(double lag_us) {
+  SimDeviceOptions options;
+  options.lag_us = lag_us;
+  return SimulatedDevice(options);
+}
+
+TEST(SimDeviceLag, EventsCompleteLagAfterTheirRecord) {
+  SimulatedDevice device = lagging_device(100);
+  EXPECT_EQ(device.lag(), 100.0);
+  device.set_host_time(1000);
+  const EventHandle event = device.create_event();
+  EXPECT_TRUE(device.query_event(event));  // never recorded: complete, as with cuEventQuery
+  device.record_event(event, 7);
+  EXPECT_FALSE(device.query_event(event));
+  device.set_host_time(1099.5);
+  EXPECT_FALSE(device.query_event(event));
+  device.set_host_time(1100);
+  EXPECT_TRUE(device.query_event(event));
+  device.advance_host_time(5000);
+  EXPECT_TRUE(device.query_event(event));
+  // Re-recording moves it to the host's present.
+  device.record_event(event, 7);
+  EXPECT_FALSE(device.query_event(event));
+  EXPECT_EQ(device.modelled_wait_us(), 0.0);  // queries never wait
+}
+
+TEST(SimDeviceLag, HostClockNeverRunsBackwards) {
+  SimulatedDevice device = lagging_device(100);
+  EXPECT_EQ(device.host_time(), 0.0);
+  device.set_host_time(250);
+  device.set_host_time(50);
+  EXPECT_EQ(device.host_time(), 250.0);
+  device.advance_host_time(-10);
+  EXPECT_EQ(device.host_time(), 250.0);
+  device.advance_host_time(25.5);
+  EXPECT_EQ(device.host_time(), 275.5);
+}
+
+TEST(SimDeviceLag, SynchronizeMovesTheHostClockAndCountsTheWait) {
+  SimulatedDevice device = lagging_device(100);
+  device.set_host_time(1000);
+  const EventHandle mine = device.create_event();
+  const EventHandle other = device.create_event();
+  device.record_event(mine, 1);
+  device.record_event(other, 2);
+  device.set_host_time(1030);
+  device.synchronize_event(mine);
+  EXPECT_EQ(device.host_time(), 1100.0);
+  EXPECT_EQ(device.modelled_wait_us(), 70.0);
+  EXPECT_TRUE(device.query_event(mine));
+  EXPECT_TRUE(device.query_event(other));  // the other stream ran on meanwhile
+  // Waiting on a complete event (or one never recorded) costs nothing.
+  device.synchronize_event(mine);
+  device.synchronize_event(device.create_event());
+  EXPECT_EQ(device.host_time(), 1100.0);
+  EXPECT_EQ(device.modelled_wait_us(), 70.0);
+  // Waits add up.
+  device.record_event(mine, 1);
+  device.synchronize_event(mine);
+  EXPECT_EQ(device.host_time(), 1200.0);
+  EXPECT_EQ(device.modelled_wait_us(), 170.0);
+}
+
+TEST(SimDeviceLag, StreamsCompleteInOrder) {
+  SimulatedDevice device = lagging_device(1000);
+  const StreamId stream = 1, other = 2;
+  const EventHandle early = device.create_event();
+  const EventHandle late = device.create_event();
+  const EventHandle elsewhere = device.create_event();
+  device.record_event(early, stream);  // at 0: completes at 1000
+  // The GPU catches up (a lighter phase): later events lag less, but not past earlier ones.
+  device.set_lag(10);
+  device.set_host_time(100);
+  device.record_event(late, stream);      // 110, held back to 1000 by `early`
+  device.record_event(elsewhere, other);  // 110: another stream is not held back
+  device.set_host_time(500);
+  EXPECT_TRUE(device.query_event(elsewhere));
+  EXPECT_FALSE(device.query_event(early));
+  EXPECT_FALSE(device.query_event(late));
+  device.synchronize_event(late);
+  EXPECT_EQ(device.host_time(), 1000.0);
+  EXPECT_TRUE(device.query_event(early));
+  EXPECT_EQ(device.modelled_wait_us(), 500.0);
+}
+
+TEST(SimDeviceLag, ZeroLagCompletesEventsWhenRecorded) {
+  SimulatedDevice device = lagging_device(0);
+  device.set_host_time(1000);
+  const EventHandle event = device.create_event();
+  device.record_event(event, 3);
+  EXPECT_TRUE(device.query_event(event));
+  device.synchronize_event(event);
+  EXPECT_EQ(device.host_time(), 1000.0);
+  EXPECT_EQ(device.modelled_wait_us(), 0.0);
+}
+
+TEST(SimDeviceLag, CombinesWithWorkCompletedByHand) {
+  SimDeviceOptions options;
+  options.streams_complete_immediately = false;
+  options.lag_us = 100;
+  SimulatedDevice device(options);
+  const StreamId stream = 9;
+  device.submit_work(stream);
+  const EventHandle event = device.create_event();
+  device.record_event(event, stream);
+  device.set_host_time(200);
+  EXPECT_FALSE(device.query_event(event));  // its time has come, its work is not done
+  device.complete_stream(stream);
+  EXPECT_TRUE(device.query_event(event));
+
+  device.submit_work(stream);
+  device.record_event(event, stream);  // at 200: completes at 300
+  device.complete_stream(stream);
+  EXPECT_FALSE(device.query_event(event));  // the work is done, its time has not come
+  device.synchronize_event(event);
+  EXPECT_EQ(device.host_time(), 300.0);
+  EXPECT_EQ(device.modelled_wait_us(), 100.0);
+}
+
+TEST(SimDeviceLag, RejectsBadLags) {
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    SimDeviceOptions options;
+    options.lag_us = bad;
+    EXPECT_THROW(SimulatedDevice{options}, Error) << bad;
+    SimulatedDevice device;
+    EXPECT_THROW(device.set_lag(bad), Error) << bad;
+  }
+}
+
+// --- what calls cost: kDeviceCallPrices ---
+
+TEST(SimDevicePrices, TableHasTheMeasuredPrices) {
+  auto price = [](DeviceCall call) { return kDeviceCallPrices[static_cast<int>(call)]; };
+  // cuMem* per 2 MiB chunk as measured on an H100; event calls estimated.
+  EXPECT_EQ(price(DeviceCall::create_chunk).us, 15.0);
+  EXPECT_EQ(price(DeviceCall::map).us, 2.0);
+  EXPECT_EQ(price(DeviceCall::set_access).us, 38.0);
+  EXPECT_EQ(price(DeviceCall::unmap).us, 22.0);
+  EXPECT_EQ(price(DeviceCall::release_chunk).us, 16.0);
+  for (DeviceCall call : {DeviceCall::create_chunk, DeviceCall::map, DeviceCall::set_access,
+                          DeviceCall::unmap, DeviceCall::release_chunk})
+    EXPECT_TRUE(price(call).per_granule) << device_call_name(call);
+  for (DeviceCall call : {DeviceCall::create_event, DeviceCall::record_event, DeviceCall::destroy_event}) {
+    EXPECT_EQ(price(call).us, 1.0) << device_call_name(call);
+    EXPECT_FALSE(price(call).per_granule) << device_call_name(call);
+  }
+  EXPECT_EQ(price(DeviceCall::query_event).us, 0.5);
+}
+
+TEST(SimDevicePrices, CallsAccumulateTheirPrices) {
+  SimulatedDevice device;
+  EXPECT_EQ(device.modelled_call_us(), 0.0);
+  const DevicePtr base = device.reserve_address(8 * kGranule, 0);
+  device.mem_info();
+  EXPECT_EQ(device.modelled_call_us(), 0.0);  // not priced
+
+  double expected = 0;
+  auto expect_total = [&](double added, const char* what) {
+    expected += added;
+    EXPECT_EQ(device.modelled_call_us(), expected) << what;
+  };
+  const ChunkHandle one = device.create_chunk(kGranule);
+  expect_total(15, "cuMemCreate, one granule");
+  const ChunkHandle three = device.create_chunk(3 * kGranule);
+  expect_total(3 * 15, "cuMemCreate, three granules");
+  device.map(base, kGranule, one);
+  device.map(base + kGranule, 3 * kGranule, three);
+  expect_total(2 + 3 * 2, "cuMemMap");
+  device.set_access(base, 4 * kGranule);  // across both mappings
+  expect_total(4 * 38, "cuMemSetAccess");
+  EXPECT_THROW(device.map(base, kGranule, one), DeviceError);  // a failed call costs too
+  expect_total(2, "failed cuMemMap");
+  device.unmap(base, 4 * kGranule);
+  expect_total(4 * 22, "cuMemUnmap");
+  device.release_chunk(three);
+  device.release_chunk(one);
+  expect_total(3 * 16 + 16, "cuMemRelease");
+
+  const EventHandle event = device.create_event();
+  device.record_event(event, 1);
+  device.query_event(event);
+  device.query_event(event);
+  device.synchronize_event(event);
+  device.destroy_event(event);
+  expect_total(1 + 1 + 0.5 + 0.5 + 1 + 1, "events");
+  EXPECT_EQ(device.modelled_wait_us(), 0.0);  // no lag: nothing to wait for
+
+  device.reset_call_counts();  // the account follows the counts
+  EXPECT_EQ(device.modelled_call_us(), 0.0);
+}
+
 TEST(SimDevice, TracksLiveEvents) {
   SimulatedDevice device;
   const EventHandle a = device.create_event();
@@ -375,6 +570,9 @@ TEST(SimDeviceThreads, ConcurrentCallsKeepBookkeepingExact) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(device.calls(DeviceCall::map), std::uint64_t{kThreads * kRounds});
+  // Per round: create, map, set access, unmap and release 2 granules; four event calls.
+  const double round_us = 2 * (15 + 2 + 38 + 22 + 16) + (1 + 1 + 0.5 + 1);
+  EXPECT_EQ(device.modelled_call_us(), kThreads * kRounds * round_us);
   EXPECT_EQ(device.calls(DeviceCall::release_chunk), std::uint64_t{kThreads * kRounds});
   EXPECT_EQ(device.chunk_bytes(), 0u);
   EXPECT_EQ(device.mapped_bytes(), 0u);
