@@ -278,8 +278,7 @@ void Engine::Impl::unmap_page(PageId id) {
 ChunkId Engine::Impl::acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before) {
   if (chunks_.has_spare()) return chunks_.any_spare();
   if (clashed_before) {
-    static const double mult = getenv("MULT") ? atof(getenv("MULT")) : 1;
-    if (++clashes_ > peak_used_ * mult && clash_share_ > kMinClashShare) {
+    if (++clashes_ > peak_used_ && clash_share_ > kMinClashShare) {
       clash_share_ /= 2;
       clashes_ = 0;
     }
