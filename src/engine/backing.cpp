@@ -38,7 +38,8 @@ std::size_t offset_in(const detail::RangeNode& fit, std::size_t bytes) {
 // gets a new chunk rather than another free one, while reserved memory stays within a share of
 // the most pages ever used at once (1/kClashShare, plus kClashPages). Without it, a layout whose
 // pages take turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35
-// pages a step). A program that never repeats (a random churn) keeps clashing: each time the
+// pages a step). A program whose layout keeps changing (a random churn; a training loop whose
+// shapes take turns, each laying its blocks out differently) keeps clashing: each time the
 // clashes reach half the pages in use, the share doubles, up to 1/kMinClashShare. (At a quarter,
 // the warm-up of llama_ckpt_varlen alone doubled it three times: 1.023 instead of 1.013; at the
 // whole, alloc_bench's churn of 1000 blocks still stitched after 100k operations.)
@@ -280,7 +281,7 @@ ChunkId Engine::Impl::acquire_chunk(std::uint32_t stream, int& stage, bool clash
   if (chunks_.has_spare()) return chunks_.any_spare();
   if (clashed_before) {
     if (++clashes_ > peak_used_ / 2 && clash_share_ > kMinClashShare) {
-      clash_share_ /= 2;
+      clash_share_ = std::max(kMinClashShare, clash_share_ / 2);
       clashes_ = 0;
     }
     if (chunks_.held() < peak_used_ + peak_used_ / clash_share_ + kClashPages)

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
+#include <unordered_set>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -30,6 +32,12 @@ struct Native {
   // PyTorch counts a block as allocated until free_requested; the trace keeps it live until
   // free_completed, later when it waits on another stream (two_streams).
   bool frees_wait_on_streams = false;
+  // How far the trace's peak allocated may fall below PyTorch's figure: the history records
+  // requested sizes, PyTorch counts whole unsplit blocks (0.7% on llama and generation).
+  double allocated_tolerance = 0.005;
+  // The smallest device, over peak allocated. Generation grows its KV cache token by token in
+  // odd sizes, and partial pages cost it one page more than 1%.
+  double min_capacity_bound = 1.01;
 };
 constexpr Native kTraces[] = {
     {"resnet50.trace.csv.gz", 5.354, 6.531},
@@ -38,7 +46,14 @@ constexpr Native kTraces[] = {
     {"leak_losses.trace.csv.gz", 0.364, 0.385},
     {"tiny_leak.trace.csv.gz", 0.034, 0.035},
     {"two_streams.trace.csv.gz", 0.703, 1.213, true},
+    // Captured by bench/torch/capture_traces.py on the H100 (bench/torch/README.md).
+    {"llama_ckpt_varlen.trace.csv.gz", 10.921, 13.682, false, 0.01},
+    {"fasterrcnn_varsize.trace.csv.gz", 15.326, 19.971},
+    {"gpt2_generate.trace.csv.gz", 1.288, 1.803, false, 0.01, 1.011},
 };
+
+// Replays model a GPU that runs this far behind the host (gmem replay's default).
+constexpr double kGpuLagUs = 2000;
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
@@ -47,7 +62,9 @@ class RealTrace : public ::testing::TestWithParam<Native> {};
 TEST_P(RealTrace, ReplaysWithinTargets) {
   const Native& native = GetParam();
   const Trace t = read_trace(data_file(native.file));
-  const ReplayResult r = replay(t);
+  ReplayOptions lagged;
+  lagged.lag_us = kGpuLagUs;
+  const ReplayResult r = replay(t, lagged);
   ASSERT_FALSE(r.failed) << r.failure;
 
   std::size_t allocs = 0, frees = 0;
@@ -69,7 +86,8 @@ TEST_P(RealTrace, ReplaysWithinTargets) {
     EXPECT_GT(allocated_gib, native.peak_allocated_gib + 0.0015);
   } else {
     // 0.5%, or the README's rounding to three decimals for the small traces
-    EXPECT_NEAR(allocated_gib, native.peak_allocated_gib, std::max(0.005 * native.peak_allocated_gib, 0.0006));
+    EXPECT_LE(allocated_gib, native.peak_allocated_gib + 0.0006);
+    EXPECT_GE(allocated_gib, native.peak_allocated_gib * (1 - native.allocated_tolerance) - 0.0006);
   }
 
   EXPECT_GE(r.peak_reserved, r.peak_allocated);
@@ -85,13 +103,13 @@ TEST_P(RealTrace, ReplaysWithinTargets) {
   EXPECT_LE(r.peak_reserved, bound(1.02)) << "peak reserved " << r.peak_reserved << " ("
                                           << r.reserved_ratio() << ") for peak allocated " << r.peak_allocated;
 
-  const std::size_t min_cap = min_capacity(t);
+  const std::size_t min_cap = min_capacity(t, kGpuLagUs);
   EXPECT_EQ(min_cap % kGranule, 0u);
   EXPECT_GE(min_cap, r.peak_allocated);
-  EXPECT_LE(min_cap, bound(1.01)) << "min capacity " << min_cap << " (" << r.ratio(min_cap)
+  EXPECT_LE(min_cap, bound(native.min_capacity_bound)) << "min capacity " << min_cap << " (" << r.ratio(min_cap)
                             << ") for peak allocated " << r.peak_allocated;
   // It is the smallest: the replay fits at min_cap and fails one granule below.
-  ReplayOptions at;
+  ReplayOptions at = lagged;
   at.capacity = min_cap;
   EXPECT_FALSE(replay(t, at).failed);
   at.capacity = min_cap - kGranule;
@@ -125,15 +143,88 @@ TEST(Replay, TooSmallADeviceFailsWithTheEvent) {
 }
 
 TEST(Replay, SteadyLoopsStopCallingTheDevice) {
-  // Training loops that repeat their steps: once warm, every page their layout needs is mapped.
-  for (const char* file : {"resnet50.trace.csv.gz", "gpt2.trace.csv.gz"}) {
-    const ReplayResult r = replay(read_trace(data_file(file)));
+  // Training loops that repeat their steps: once warm, every page their layout needs is mapped,
+  // and the host never waits for the GPU. (fasterrcnn varies its image sizes, but its layout
+  // settles within the first steps.)
+  for (const char* file : {"resnet50.trace.csv.gz", "gpt2.trace.csv.gz", "fasterrcnn_varsize.trace.csv.gz"}) {
+    ReplayOptions lagged;
+    lagged.lag_us = kGpuLagUs;
+    const ReplayResult r = replay(read_trace(data_file(file)), lagged);
     EXPECT_EQ(r.late_device_calls, 0u) << file << ": creates " << r.creates << " maps " << r.maps
                                        << " unmaps " << r.unmaps;
+    EXPECT_EQ(r.late_device_call_us, 0.0) << file;
+    EXPECT_EQ(r.late_host_wait_us, 0.0) << file;
   }
 }
 
-// A trace written for the test, in PyTorch's CSV format.
+// The steps of a trace between successive markers (allocations from `frame`), kept only where a
+// step frees everything it allocates and nothing else: such steps can be replayed in any order.
+std::vector<std::pair<std::size_t, std::size_t>> self_contained_steps(const Trace& t,
+                                                                      const std::string& frame) {
+  std::vector<std::size_t> starts;
+  for (std::size_t i = 0; i < t.events.size(); ++i)
+    if (t.events[i].action == Action::alloc && t.frames[t.events[i].user_frame] == frame)
+      starts.push_back(i);
+  std::vector<std::pair<std::size_t, std::size_t>> steps;
+  for (std::size_t k = 0; k + 1 < starts.size(); ++k) {
+    std::unordered_set<std::uint64_t> live;
+    bool closed = true;
+    for (std::size_t i = starts[k]; i < starts[k + 1] && closed; ++i) {
+      const Event& e = t.events[i];
+      if (e.action == Action::alloc) live.insert(e.addr);
+      else if (e.action == Action::free_completed) closed = live.erase(e.addr) == 1;
+    }
+    if (closed && live.empty()) steps.emplace_back(starts[k], starts[k + 1]);
+  }
+  return steps;
+}
+
+TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
+  // llama_ckpt_varlen draws a sequence length per step, and each length lays its blocks out
+  // differently. Its steps replayed again and again in shuffled order: at first every step
+  // remaps pages whose chunks another length's layout took; the engine then buys chunks, within
+  // 1/8 of the pages in use, until the layouts stop clashing. What it holds stays below what
+  // PyTorch's expandable segments held for this program (1.155 of peak allocated).
+  const Trace t = read_trace(data_file("llama_ckpt_varlen.trace.csv.gz"));
+  const auto steps = self_contained_steps(t, "models.py:148:step");
+  ASSERT_GE(steps.size(), 8u);
+  Trace rounds = t;
+  rounds.events.assign(t.events.begin(), t.events.begin() + static_cast<std::ptrdiff_t>(steps.back().second));
+  std::vector<std::size_t> round_ends;
+  std::int64_t clock = rounds.events.back().time_us;
+  std::mt19937 rng(1);
+  constexpr int kRounds = 14;
+  for (int round = 0; round < kRounds; ++round) {
+    auto order = steps;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (const auto& [begin, end] : order) {
+      const std::int64_t start = t.events[begin].time_us;
+      for (std::size_t i = begin; i < end; ++i) {
+        rounds.events.push_back(t.events[i]);
+        rounds.events.back().time_us = clock + (t.events[i].time_us - start);
+      }
+      clock = rounds.events.back().time_us + 1000;
+    }
+    round_ends.push_back(rounds.events.size());
+  }
+  ReplayOptions lagged;
+  lagged.lag_us = kGpuLagUs;
+  auto calls_until = [&](std::size_t event) {
+    lagged.stop_at_event = event;
+    const ReplayResult r = replay(rounds, lagged);
+    EXPECT_FALSE(r.failed) << r.failure;
+    return std::make_pair(r.creates + r.maps + r.unmaps, r.reserved_ratio());
+  };
+  const auto [after_first, ratio_first] = calls_until(round_ends[0]);
+  const auto [before_last, ratio_before_last] = calls_until(round_ends[kRounds - 2]);
+  const auto [all, ratio] = calls_until(0);
+  const auto [before_first, unused] = calls_until(steps.back().second);
+  EXPECT_GT(after_first - before_first, 1000u);  // the first round still clashes
+  EXPECT_LT(all - before_last, (after_first - before_first) / 20) << "device calls in the last round";
+  EXPECT_LE(ratio_first, 1.02);
+  EXPECT_LE(ratio, 1.155);
+}
+
 class WrittenTrace : public ::testing::Test {
  protected:
   void TearDown() override { std::filesystem::remove(path_); }
