@@ -24,7 +24,9 @@ inline constexpr std::size_t kAlignment = 512;               // every block is a
 inline constexpr std::size_t kSmallLimit = std::size_t{1} << 20;  // <= this: size-classed
 
 struct EngineOptions {
-  std::size_t memory_limit = 0;   // bytes gmem may hold; 0 = the device's total memory
+  // Bytes gmem may hold; 0 = the device's total memory. More than the device, or less than a
+  // page, is refused (Error(invalid_argument)), here and in set_memory_limit().
+  std::size_t memory_limit = 0;
   std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = the device's total
 };
 
@@ -48,7 +50,8 @@ class Engine final {
 
   // Throws Error(invalid_argument) for 0 or absurd sizes, OutOfMemoryError when it cannot serve.
   void* malloc(std::size_t size, StreamId stream = 0);
-  // Throws Error(invalid_pointer) for pointers gmem did not return, Error(double_free) when freed twice.
+  // Throws Error(double_free) for a block freed lately (the last 1024 frees), Error(invalid_pointer)
+  // for anything else that is not a live block's start (interior, one past the end, foreign).
   void free(void* ptr);
   // `ptr` is also used on `stream`: when freed, it is reused only after `stream` has caught up.
   void record_stream(void* ptr, StreamId stream);
@@ -56,8 +59,9 @@ class Engine final {
 
   // Gives every free chunk back to the device (waits for streams where needed).
   void empty_cache();
-  void set_memory_limit(std::size_t bytes);  // 0 = the device's total
-  void set_memory_fraction(double fraction);  // of the device's total, in (0, 1]
+  void set_memory_limit(std::size_t bytes);  // 0 = the device's total; see EngineOptions
+  // Of the device's total, in (0, 1], rounded down to pages; a fraction below one page is refused.
+  void set_memory_fraction(double fraction);
   std::size_t memory_limit() const;
   void reset_peak_stats();
   void reset_accumulated_stats();

@@ -108,6 +108,8 @@ def set_memory_limit(limit, device=None):
     else:
         if limit < 0:
             raise InvalidArgumentError("memory limit must be >= 0 bytes, got %d" % limit)
+        if limit >= 1 << 64:  # ctypes would wrap it
+            raise InvalidArgumentError("memory limit of %d bytes: more than any device" % limit)
         _lib.check(lib.gmem_set_memory_limit(dev, int(limit)))
 
 
@@ -119,6 +121,8 @@ def malloc(size, stream=0, device=None):
     Raises gmem.OutOfMemoryError when it cannot be served."""
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
         raise TypeError("size must be a non-negative int, not %r" % (size,))
+    if size >= 1 << 64:  # ctypes would wrap it to a small size
+        raise InvalidArgumentError("malloc(%d): larger than any device" % size)
     ptr = ctypes.c_void_p(None)
     status = _lib.lib().gmem_malloc(ctypes.byref(ptr), int(size), device_index(device),
                                     stream_handle(stream))

@@ -122,7 +122,8 @@ class Registry {
   Registry() : backend_(backend_from_environment()) {}
 
   DeviceContext& get(int device) {
-    if (device < 0) device = current_device();
+    if (device < -1) throw bad_ordinal(device);
+    if (device == -1) device = current_device();
     if (device >= kMaxDevices) throw bad_ordinal(device);
     if (DeviceContext* found = by_index_[device].load(std::memory_order_acquire)) return *found;
 

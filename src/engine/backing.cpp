@@ -468,8 +468,9 @@ void Engine::Impl::empty_cache() {
 }
 
 void Engine::Impl::set_memory_limit(std::size_t bytes) {
+  const std::size_t limit = checked_limit(bytes, "memory limit");
   std::lock_guard lock(mutex_);
-  limit_ = bytes ? bytes : device_total_;
+  limit_ = limit;
   stats_.memory_limit = static_cast<std::int64_t>(limit_);
   if (chunks_.held() * granularity_ > limit_) {
     release_spare_slabs();

@@ -28,7 +28,7 @@ Engine::Impl::Impl(Device& device, EngineOptions options)
                                             std::to_string(granularity_));
   page_shift_ = std::countr_zero(granularity_);
   device_total_ = device.mem_info().total;
-  limit_ = options.memory_limit ? options.memory_limit : device_total_;
+  limit_ = checked_limit(options.memory_limit, "EngineOptions::memory_limit");
   // One device's worth of virtual space per arena: a stream rarely needs a second one, and a
   // thousand streams stay within the GPU's address space (2^47 bytes and more).
   arena_size_ = round_up(options.address_space ? options.address_space : device_total_,
@@ -180,7 +180,7 @@ void Engine::Impl::free(void* p) {
   const std::uint32_t context = gather_context(true);
   std::lock_guard lock(mutex_);
   Record record;
-  if (!live_.take(ptr, record)) throw_bad_free(ptr);
+  if (!live_.take(ptr, record)) throw_bad_free("free", ptr);
   if (record.shared) {
     try {
       free_shared(ptr, record);
@@ -198,6 +198,7 @@ void Engine::Impl::free(void* p) {
     stats_.requested_bytes[i].decrease(q);
     stats_.allocation[i].decrease(1);
   }
+  recently_freed_[freed_count_++ % recently_freed_.size()] = ptr;
   if (!record.shared) release_record(ptr, record);
 }
 
@@ -262,24 +263,43 @@ void Engine::Impl::process_pending(bool wait) {
   }
 }
 
-void Engine::Impl::throw_bad_free(DevicePtr ptr) const {
+void Engine::Impl::throw_bad_free(const char* call, DevicePtr ptr) const {
+  // A pointer freed lately is a double free; any other address is not a block's start: inside
+  // gmem's ranges an interior pointer (or one past the end), outside them a foreign one.
+  for (const DevicePtr freed : recently_freed_)
+    if (freed == ptr && ptr != 0)
+      throw Error(Errc::double_free, std::string(call) + "(" + hex(ptr) +
+                                         "): this block was already freed (double free)");
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
-    if (ptr >= base && ptr < base + arena->ranges.size())
-      throw Error(Errc::double_free, "free(" + hex(ptr) +
-                                         "): no live allocation starts here; it was already "
-                                         "freed (double free) or is not the start of a block");
+    if (ptr >= base && ptr <= base + arena->ranges.size())
+      throw Error(Errc::invalid_pointer,
+                  std::string(call) + "(" + hex(ptr) +
+                      "): not the start of a live block (an interior pointer, one past the end, "
+                      "or a block freed long ago)");
   }
   throw Error(Errc::invalid_pointer,
-              "free(" + hex(ptr) + "): not a pointer gmem allocated (foreign pointer)");
+              std::string(call) + "(" + hex(ptr) + "): not a pointer gmem allocated (foreign pointer)");
+}
+
+std::size_t Engine::Impl::checked_limit(std::size_t bytes, const char* what) const {
+  if (bytes == 0) return device_total_;
+  if (bytes > device_total_)
+    throw Error(Errc::invalid_argument, std::string(what) + " = " + format_bytes(bytes) +
+                                            ": more than the device's " + format_bytes(device_total_) +
+                                            " (0 means the whole device)");
+  if (bytes < granularity_)
+    throw Error(Errc::invalid_argument, std::string(what) + " = " + std::to_string(bytes) +
+                                            " bytes: less than one " + format_bytes(granularity_) +
+                                            " page, a limit that would allow nothing");
+  return bytes;
 }
 
 void Engine::Impl::record_stream(void* p, StreamId stream) {
   const auto ptr = reinterpret_cast<DevicePtr>(p);
   std::lock_guard lock(mutex_);
   Record* record = live_.find(ptr);
-  if (record == nullptr)
-    throw Error(Errc::invalid_pointer, "record_stream(" + hex(ptr) + "): not a live allocation");
+  if (record == nullptr) throw_bad_free("record_stream", ptr);
   if (stream == record->stream) return;
   std::vector<StreamId>& streams = shared_streams_[ptr];
   for (StreamId s : streams)
@@ -322,7 +342,13 @@ void Engine::set_memory_fraction(double fraction) {
     throw Error(Errc::invalid_argument,
                 "set_memory_fraction(" + std::to_string(fraction) + "): must be in (0, 1]");
   const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(impl_->device_total_));
-  impl_->set_memory_limit(bytes / impl_->granularity_ * impl_->granularity_);
+  const std::size_t pages = bytes / impl_->granularity_;
+  if (pages == 0)
+    throw Error(Errc::invalid_argument,
+                "set_memory_fraction(" + std::to_string(fraction) + "): " + format_bytes(bytes) +
+                    " of the device, less than one " + format_bytes(impl_->granularity_) +
+                    " page: a limit that would allow nothing");
+  impl_->set_memory_limit(pages * impl_->granularity_);
 }
 std::size_t Engine::memory_limit() const {
   std::lock_guard lock(impl_->mutex_);

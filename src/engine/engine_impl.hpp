@@ -9,6 +9,7 @@
 //   streams        StreamTracker: which stream has caught up with which free
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -118,6 +119,10 @@ class Engine::Impl {
   detail::SlabAllocator slabs_;
   detail::PointerMap<detail::Record> live_;
   std::unordered_map<DevicePtr, std::vector<StreamId>> shared_streams_;
+  // The last frees, so that a second free of one of them reads as a double free and not as an
+  // interior pointer (one store per free; read only when a free fails).
+  std::array<DevicePtr, 1024> recently_freed_{};
+  std::size_t freed_count_ = 0;
   std::vector<detail::PendingFree> pending_;
 
   // --- accounting ------------------------------------------------------------------------------
@@ -144,7 +149,10 @@ class Engine::Impl {
   void release_record(DevicePtr ptr, const detail::Record& record);
   void free_shared(DevicePtr ptr, const detail::Record& record);
   void process_pending(bool wait);
-  [[noreturn]] void throw_bad_free(DevicePtr ptr) const;
+  [[noreturn]] void throw_bad_free(const char* call, DevicePtr ptr) const;
+  // A limit in bytes as given (0: the device's total), or Error(invalid_argument) for one above
+  // the device or below a page: a limit never quietly becomes no limit.
+  std::size_t checked_limit(std::size_t bytes, const char* what) const;
 
   // backing.cpp -----------------------------------------------------------------------------------
   // A used range of `bytes` in one of stream `si`'s arenas, backed by mapped pages; throws

@@ -180,12 +180,25 @@ class LimitAndOomTest(GmemTestCase):
         self.assertEqual(gmem.memory_limit(), total)
 
     def test_bad_limits(self):
+        # float("nan") and limits that would round to nothing or exceed the device are refused,
+        # and the limit in force stays
+        before = gmem.memory_limit()
+        for bad in (-1, 0.0, 1.5, -0.5, float("nan"), 1e-12, 2**64 - 1, 2**64 + 4096, 100):
+            with self.assertRaises(gmem.InvalidArgumentError, msg=repr(bad)):
+                gmem.set_memory_limit(bad)
+        self.assertEqual(gmem.memory_limit(), before)
         for bad in (-1, 0.0, 1.5, -0.5):
             with self.assertRaises(gmem.InvalidArgumentError, msg=repr(bad)):
                 gmem.set_memory_limit(bad)
         for bad in (True, "1GiB", None):
             with self.assertRaises(TypeError, msg=repr(bad)):
                 gmem.set_memory_limit(bad)
+
+    def test_sizes_that_overflow_are_refused(self):
+        with self.assertRaises(gmem.InvalidArgumentError):
+            gmem.malloc(2**64 + 4096)  # would wrap to 4 KiB through ctypes
+        with self.assertRaises(gmem.InvalidArgumentError):
+            gmem.malloc(2**63)
 
     def test_oom_under_the_device_capacity(self):
         with self.assertRaises(gmem.OutOfMemoryError) as caught:

@@ -77,6 +77,19 @@ TEST_F(CApi, BadArgumentsAreRejectedWithAMessage) {
   EXPECT_TRUE(contains(last_error(), "device 1 does not exist")) << last_error();
   EXPECT_EQ(ptr, nullptr);
   EXPECT_EQ(gmem_empty_cache(7), GMEM_ERROR_INVALID_ARGUMENT);
+  // -1 is the current device; no other negative number is a device.
+  EXPECT_EQ(gmem_malloc(&ptr, 100, -7, 0), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "device -7")) << last_error();
+  EXPECT_EQ(gmem_malloc(&ptr, 100, -1, 0), GMEM_OK);
+  EXPECT_EQ(gmem_free(ptr), GMEM_OK);
+  // Limits that would quietly mean "no limit" are refused.
+  EXPECT_EQ(gmem_set_memory_fraction(0, 1e-12), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "less than one")) << last_error();
+  EXPECT_EQ(gmem_set_memory_limit(0, SIZE_MAX), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "more than the device")) << last_error();
+  int64_t limit = 0;
+  EXPECT_EQ(gmem_stat(0, "gmem.memory_limit", &limit), GMEM_OK);
+  EXPECT_GT(limit, 0);
 }
 
 TEST_F(CApi, ForeignPointerIsAnInvalidPointer) {

@@ -91,6 +91,21 @@ TEST(Engine, ForeignPointerAndDoubleFreeAreErrorsThatChangeNothing) {
     EXPECT_EQ(e.code(), Errc::invalid_pointer);
     EXPECT_NE(std::string(e.what()).find("foreign"), std::string::npos);
   }
+  auto code_of = [&](auto call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    ADD_FAILURE() << "accepted";
+    return Errc::invalid_argument;
+  };
+  char* const live = static_cast<char*>(q);
+  EXPECT_EQ(code_of([&] { engine.free(live + 512); }), Errc::invalid_pointer);        // interior
+  EXPECT_EQ(code_of([&] { engine.free(live + 4 * MiB); }), Errc::invalid_pointer);    // one past
+  EXPECT_EQ(code_of([&] { engine.record_stream(p, 5); }), Errc::double_free);         // freed
+  EXPECT_EQ(code_of([&] { engine.record_stream(live + 512, 5); }), Errc::invalid_pointer);
+  EXPECT_EQ(code_of([&] { engine.record_stream(&local, 5); }), Errc::invalid_pointer);
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current,
             before.allocated_bytes[kAllPools].current);
   engine.check_invariants();
@@ -278,6 +293,17 @@ TEST(Engine, LimitsTrimCachedMemoryAndRejectBadFractions) {
   EXPECT_LE(device.chunk_bytes(), 256 * MiB);
   EXPECT_THROW(engine.set_memory_fraction(0.0), Error);
   EXPECT_THROW(engine.set_memory_fraction(1.5), Error);
+  EXPECT_THROW(engine.set_memory_fraction(-0.5), Error);
+  EXPECT_THROW(engine.set_memory_fraction(std::nan("")), Error);
+  // A limit never quietly becomes no limit: one that rounds to nothing, or above the device, is
+  // refused and the limit in force stays.
+  EXPECT_THROW(engine.set_memory_fraction(1e-12), Error);
+  EXPECT_THROW(engine.set_memory_limit(SIZE_MAX), Error);
+  EXPECT_THROW(engine.set_memory_limit(1 * GiB + 1), Error);
+  EXPECT_THROW(engine.set_memory_limit(100), Error);
+  EXPECT_EQ(engine.memory_limit(), 256 * MiB);
+  EXPECT_EQ(engine.stats().memory_limit, static_cast<std::int64_t>(256 * MiB));
+  EXPECT_THROW(Engine(device, EngineOptions{.memory_limit = 2 * GiB}), Error);
   engine.set_memory_limit(0);
   EXPECT_EQ(engine.memory_limit(), 1 * GiB);
   engine.check_invariants();
