@@ -57,11 +57,11 @@ std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
   } catch (const DeviceError& e) {
     if (!e.device_out_of_memory()) throw;
     oom_reason_ = "address space";
-    throw_oom(min_bytes, streams_.stream(si));
+    throw_oom(min_bytes, streams_.progress.stream(si));
   }
   try {
     arenas_.reserve(arenas_.size() + 1);
-    stream_arenas_[si].reserve(stream_arenas_[si].size() + 1);
+    streams_.arenas(si).reserve(streams_.arenas(si).size() + 1);
     auto arena = std::make_unique<Arena>(base, size, size >> page_shift_, si);
     slabs_.add_arena();
     arenas_.push_back(std::move(arena));
@@ -70,7 +70,7 @@ std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
     throw;
   }
   const auto index = static_cast<std::uint32_t>(arenas_.size() - 1);
-  stream_arenas_[si].push_back(index);
+  streams_.arenas(si).push_back(index);
   return index;
 }
 
@@ -93,7 +93,7 @@ bool Engine::Impl::page_ready(std::uint32_t arena, std::size_t index, const Page
     const Arena& a = *arenas_[detail::arena_of(other)];
     const Page& p = a.pages.get(detail::index_of(other));
     if (p.refs > 0) return false;  // busy through another alias
-    if (a.stream != stream && !streams_.done(a.stream, p.free_seq)) return false;
+    if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq)) return false;
   }
   return true;
 }
@@ -103,7 +103,7 @@ Engine::Impl::Placement Engine::Impl::place(std::uint32_t si, std::size_t bytes)
   // not on what is mapped where: a step that repeats its requests then repeats its layout, and
   // finds its pages mapped. (Preferring ranges that happen to be mapped moves the layout, and
   // with it the pages to map, every step.)
-  for (std::uint32_t a : stream_arenas_[si]) {
+  for (std::uint32_t a : streams_.arenas(si)) {
     if (const NodeId node = arenas_[a]->ranges.find(bytes); node != kNoNode)
       return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
   }
@@ -131,7 +131,7 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
       while (chunks_.has_spare()) release_chunk(chunks_.any_spare());
     } catch (const DeviceError&) {  // kept as spare: the OOM is the news here
     }
-    throw_oom(requested, streams_.stream(si));
+    throw_oom(requested, streams_.progress.stream(si));
   }
   return {place_at.arena, node};
 }
@@ -139,7 +139,7 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
 void Engine::Impl::release_range(std::uint32_t arena, NodeId node) {
   detail::RangeAllocator& ranges = arenas_[arena]->ranges;
   const detail::RangeNode& n = ranges.node(node);
-  unref_pages(arena, n.addr, n.size, streams_.stamp(arenas_[arena]->stream));
+  unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
   ranges.release(node);
 }
 
@@ -191,7 +191,7 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
       } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
       }
     }
-    unref_pages(arena, addr, bytes, streams_.stamp(stream));
+    unref_pages(arena, addr, bytes, streams_.progress.stamp(stream));
   };
   try {
     for (std::size_t i = first; i <= last; ++i) {
@@ -201,8 +201,8 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
         if (p.refs > 1 || page_ready(arena, i, p)) continue;
         // Refs were taken in order, so an alias of this chunk among earlier pages of this block
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
-        if (!streams_.done(stream, p.free_seq)) {
-          streams_.catch_up(stream, true);
+        if (!streams_.progress.done(stream, p.free_seq)) {
+          streams_.progress.catch_up(stream, true);
           ++stats_.num_sync_all_streams;
         }
         unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
@@ -317,8 +317,8 @@ bool Engine::Impl::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll
     const Arena& a = *arenas_[detail::arena_of(c.pages[k])];
     const Page& p = a.pages.get(detail::index_of(c.pages[k]));
     if (p.refs > 0) return false;
-    if (a.stream == stream || streams_.done(a.stream, p.free_seq)) continue;
-    if (!poll || !streams_.catch_up(a.stream, false) || !streams_.done(a.stream, p.free_seq))
+    if (a.stream == stream || streams_.progress.done(a.stream, p.free_seq)) continue;
+    if (!poll || !streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq))
       return false;
   }
   return true;
@@ -345,8 +345,8 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
       freed_pages_.drop(k, p);
       continue;
     }
-    if (a.stream != stream && wait && !streams_.done(a.stream, p.free_seq)) {
-      streams_.catch_up(a.stream, true);
+    if (a.stream != stream && wait && !streams_.progress.done(a.stream, p.free_seq)) {
+      streams_.progress.catch_up(a.stream, true);
       ++stats_.num_sync_all_streams;
     }
     if (!chunk_free_for(p.chunk, stream, true)) continue;
@@ -367,7 +367,7 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
   const ChunkId chunk = p.chunk;
   if (chunks_.at(chunk).maps == detail::Chunk::kMaxMaps) {
     // Enough aliases: this one (free, and done on its stream) makes room for the next.
-    if (!streams_.done(a.stream, p.free_seq) && !streams_.catch_up(a.stream, true))
+    if (!streams_.progress.done(a.stream, p.free_seq) && !streams_.progress.catch_up(a.stream, true))
       return kNoChunk;
     unmap_page(id);
   }
@@ -419,9 +419,9 @@ bool Engine::Impl::unmap_chunk(ChunkId chunk, bool wait) {
     const Arena& a = *arenas_[detail::arena_of(c.pages[k])];
     const Page& p = a.pages.get(detail::index_of(c.pages[k]));
     if (p.refs > 0) return false;
-    if (!streams_.done(a.stream, p.free_seq)) {
+    if (!streams_.progress.done(a.stream, p.free_seq)) {
       if (wait) ++stats_.num_sync_all_streams;
-      if (!streams_.catch_up(a.stream, wait) && !streams_.done(a.stream, p.free_seq)) return false;
+      if (!streams_.progress.catch_up(a.stream, wait) && !streams_.progress.done(a.stream, p.free_seq)) return false;
     }
   }
   while (c.maps > 0) unmap_page(c.pages[c.maps - 1]);

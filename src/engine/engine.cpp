@@ -69,23 +69,6 @@ void Engine::Impl::attach(detail::EngineObserver* observer) {
   capture_.store(capture.capture, std::memory_order_release);
 }
 
-std::uint32_t Engine::Impl::lookup_stream(StreamId stream) {
-  auto [it, fresh] = stream_index_.try_emplace(stream, 0);
-  if (fresh) {
-    try {
-      stream_arenas_.emplace_back();
-      it->second = streams_.add(stream);
-    } catch (...) {
-      if (stream_arenas_.size() > streams_.size()) stream_arenas_.pop_back();
-      stream_index_.erase(it);
-      throw;
-    }
-  }
-  last_stream_ = stream;
-  last_stream_index_ = it->second;
-  return it->second;
-}
-
 void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   if (size == 0) throw Error(Errc::invalid_argument, "malloc(0): size must be at least 1 byte");
   if (size > kMaxRequest)
@@ -94,7 +77,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   const std::uint32_t context = gather_context(false);
   std::lock_guard lock(mutex_);
   if (!pending_.empty()) [[unlikely]] process_pending(false);
-  const std::uint32_t si = stream_index(stream);
+  const std::uint32_t si = streams_.index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   Record record{rounded, size, stream, 0, 0, false, false, false, {}};
   const DevicePtr ptr = rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, record)
@@ -111,7 +94,7 @@ DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::
   detail::SlabId slab = detail::kNoSlab;
   DevicePtr ptr = 0;
   std::uint32_t arena = 0;
-  for (std::uint32_t a : stream_arenas_[si]) {
+  for (std::uint32_t a : streams_.arenas(si)) {
     if ((ptr = slabs_.allocate(a, cls, slab)) != 0) {
       arena = a;
       break;

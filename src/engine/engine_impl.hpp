@@ -6,7 +6,7 @@
 //                  (RangeAllocator: blocks and slabs) and its pages (PageTable: refs, chunk)
 //   physical side  ChunkPool: chunks held and the pages each is mapped at (aliases)
 //   blocks         SlabAllocator (<= 128 KiB), live records, frees waiting on other streams
-//   streams        StreamTracker: which stream has caught up with which free
+//   streams        Streams: each stream's index, arenas, and how far its work has progressed
 #pragma once
 
 #include <array>
@@ -23,7 +23,7 @@
 #include "engine/page_table.hpp"
 #include "engine/range_allocator.hpp"
 #include "engine/slab_allocator.hpp"
-#include "engine/stream_tracker.hpp"
+#include "engine/streams.hpp"
 #include "gmem/engine.hpp"
 
 namespace gmem {
@@ -98,11 +98,7 @@ class Engine::Impl {
   }
 
   // --- streams ---------------------------------------------------------------------------------
-  detail::StreamTracker streams_;
-  std::unordered_map<StreamId, std::uint32_t> stream_index_;
-  std::vector<std::vector<std::uint32_t>> stream_arenas_;  // by stream index
-  StreamId last_stream_ = 0;
-  std::uint32_t last_stream_index_ = ~0u;
+  detail::Streams streams_;
 
   // --- virtual and physical memory -------------------------------------------------------------
   std::vector<std::unique_ptr<detail::Arena>> arenas_;
@@ -133,12 +129,6 @@ class Engine::Impl {
   mutable PoolStats split_bytes_{}, split_counts_{};  // inactive split, as seen by stats()
 
   // engine.cpp ------------------------------------------------------------------------------------
-  // The stream's index; the last one used is answered inline (one stream per thread is usual).
-  std::uint32_t stream_index(StreamId stream) {
-    if (stream == last_stream_ && last_stream_index_ != ~0u) [[likely]] return last_stream_index_;
-    return lookup_stream(stream);
-  }
-  std::uint32_t lookup_stream(StreamId stream);  // registers a new stream
   // Take the memory for a block and fill in its record (all but the tag).
   DevicePtr malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
                         detail::Record& record);
