@@ -330,11 +330,16 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
   // takes from, and so on). So take the one whose pages are due last: each page's next use is
   // predicted from its last two (a training step repeats), among the oldest frees (they are
   // also the likeliest to be done on other streams).
+  // At most kWeighed usable candidates, among at most kExamined entries unless the caller will
+  // wait anyway: entries another stream has not caught up with stay listed, and scanning them all
+  // for every page would make each malloc cost grow with the number of streams.
   static constexpr int kWeighed = 64;
+  static constexpr int kExamined = 4 * kWeighed;
   std::size_t best = freed_pages_.end();
   std::int64_t best_due = 0;
-  int weighed = 0;
-  for (std::size_t k = freed_pages_.begin(); k < freed_pages_.end() && weighed < kWeighed; ++k) {
+  int weighed = 0, examined = 0;
+  for (std::size_t k = freed_pages_.begin();
+       k < freed_pages_.end() && weighed < kWeighed && (wait || examined < kExamined); ++k) {
     const PageId id = freed_pages_.at(k);
     if (id == detail::kNoPage) continue;
     const Arena& a = *arenas_[detail::arena_of(id)];
@@ -345,6 +350,7 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
       freed_pages_.drop(k, p);
       continue;
     }
+    ++examined;
     if (a.stream != stream && wait && !streams_.progress.done(a.stream, p.free_seq)) {
       streams_.progress.catch_up(a.stream, true);
       ++stats_.num_sync_all_streams;
