@@ -93,6 +93,18 @@ void copy_text(const std::string& text, char* buf, size_t size, size_t* needed) 
   buf[copied] = '\0';
 }
 
+// A stream argument is a cudaStream_t: 0 (the legacy default stream), 1 (cudaStreamLegacy),
+// 2 (cudaStreamPerThread) or the address of a driver object, aligned and in user space. Checked
+// without touching it (the driver may crash on a bad handle): what cannot be a stream is refused
+// rather than taken as a new one.
+void check_stream(uintptr_t stream) {
+  if (stream <= 2 || (stream % 8 == 0 && stream < (uintptr_t{1} << 57))) return;
+  char text[96];
+  std::snprintf(text, sizeof text, "stream 0x%jx is not a CUDA stream handle",
+                static_cast<std::uintmax_t>(stream));
+  throw gmem::Error(gmem::Errc::invalid_argument, text);
+}
+
 // Torch calls these from deleters and destructors, where an exception would terminate the
 // process: they report failures on stderr (and in gmem_last_error) instead of throwing.
 void warn_on_failure(gmem_status_t status) {
@@ -119,6 +131,7 @@ gmem_status_t gmem_malloc(void** ptr, size_t size, int device, uintptr_t stream)
   return guarded("gmem_malloc", [&] {
     if (ptr == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "ptr is NULL");
     *ptr = nullptr;
+    check_stream(stream);
     *ptr = gmem::capi::observed_malloc(gmem::capi::context(device), size, stream);
   });
 }
@@ -129,7 +142,10 @@ gmem_status_t gmem_free(void* ptr) {
 }
 
 gmem_status_t gmem_record_stream(void* ptr, uintptr_t stream) {
-  return guarded("gmem_record_stream", [&] { owner_of(ptr).engine->record_stream(ptr, stream); });
+  return guarded("gmem_record_stream", [&] {
+    check_stream(stream);
+    owner_of(ptr).engine->record_stream(ptr, stream);
+  });
 }
 
 gmem_status_t gmem_empty_cache(int device) {

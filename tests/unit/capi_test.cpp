@@ -97,6 +97,16 @@ TEST_F(CApi, ForeignPointerIsAnInvalidPointer) {
   EXPECT_EQ(gmem_free(&on_the_stack), GMEM_ERROR_INVALID_POINTER);
   EXPECT_TRUE(contains(last_error(), "gmem_free")) << last_error();
   EXPECT_EQ(gmem_record_stream(&on_the_stack, 1), GMEM_ERROR_INVALID_POINTER);
+  void* live = nullptr;
+  ASSERT_EQ(gmem_malloc(&live, 4096, 0, 0), GMEM_OK);
+  EXPECT_EQ(gmem_record_stream(live, UINTPTR_MAX), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "not a CUDA stream handle")) << last_error();
+  void* never = nullptr;
+  EXPECT_EQ(gmem_malloc(&never, 4096, 0, 0x1234), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(never, nullptr);
+  EXPECT_EQ(gmem_free(live), GMEM_OK);
+  EXPECT_EQ(gmem_free(live), GMEM_ERROR_DOUBLE_FREE);
+  EXPECT_EQ(gmem_record_stream(live, 0), GMEM_ERROR_DOUBLE_FREE);
   EXPECT_TRUE(contains(last_error(), "gmem_record_stream")) << last_error();
 }
 
@@ -232,7 +242,7 @@ TEST_F(CApi, TorchEntryPoints) {
   void* ptr = gmem_torch_malloc(4096, 0, 0);
   ASSERT_NE(ptr, nullptr) << last_error();
   EXPECT_EQ(stat("allocated_bytes.all.current"), allocated_before_ + 4096);
-  gmem_torch_record_stream(ptr, 0x1234);
+  gmem_torch_record_stream(ptr, 0x1230);
   gmem_torch_free(ptr, 4096, 0, 0);
   EXPECT_EQ(stat("allocated_bytes.all.current"), allocated_before_);
 
@@ -277,7 +287,7 @@ TEST_F(CApi, ManyThreadsAllocateAndFree) {
         if (live.size() < 16 && random() % 2 == 0) {
           void* ptr = nullptr;
           const std::size_t size = random() % 2 ? random() % 4096 + 1 : random() % (4 * kMiB) + 1;
-          if (gmem_malloc(&ptr, size, 0, static_cast<uintptr_t>(t)) != GMEM_OK) ++failures;
+          if (gmem_malloc(&ptr, size, 0, static_cast<uintptr_t>(t) * 16) != GMEM_OK) ++failures;
           else live.push_back(ptr);
         } else if (!live.empty()) {
           if (gmem_free(live.back()) != GMEM_OK) ++failures;
