@@ -239,7 +239,12 @@ void Engine::Impl::process_pending(bool wait) {
       ++i;
       continue;
     }
-    for (EventHandle e : p.events) device_.destroy_event(e);
+    // Each event leaves the list once destroyed: should a destroy fail, the list keeps only live
+    // events, and the next call polls and destroys those (a destroyed one would fail forever).
+    while (!p.events.empty()) {
+      device_.destroy_event(p.events.back());
+      p.events.pop_back();
+    }
     release_record(p.ptr, p.record);
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
