@@ -485,6 +485,7 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
   engine.emplace(device);
 
   std::atomic<int> running{kThreads};
+  std::atomic<std::uint64_t> ops_done{0};
   std::atomic<std::uint64_t> surfaced{0};
   std::mutex failures_mutex;
   std::vector<std::string> failures;
@@ -540,6 +541,7 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
         if (ok) blocks[op.slot] = nullptr;
       }
       if (!ok) break;
+      ops_done.fetch_add(1);
       if (i % 64 == 63) device.complete_stream(stream);  // this thread's GPU work caught up
       if (t == 0 && i % 1000 == 999) attempt("empty_cache", [&] { engine->empty_cache(); });
       if (t == 1 && i % 1000 == 499) {
@@ -557,17 +559,26 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
   std::thread controller([&] {
     std::uint64_t armed_at = 0;
     std::uint64_t nth = 1;
+    std::uint64_t fired_at_op = 0;
+    bool fired = false;
     while (running.load() > 0) {
       const std::uint64_t calls = device.calls(fault.call);
-      if (armed_at == 0 || calls >= armed_at) {
-        if (armed_at != 0) ++injected;
+      if (!fired && armed_at != 0 && calls >= armed_at) {
+        fired = true;
+        fired_at_op = ops_done.load();
+        ++injected;
+      }
+      // The next failure once the threads have made some progress since the last one (a call
+      // made a hundred times a malloc, like cuEventQuery, would otherwise fail every retry).
+      if (armed_at == 0 || (fired && ops_done.load() >= fired_at_op + 32)) {
+        fired = false;
         device.fail_call(fault.call, nth, fault.oom);
         armed_at = calls + nth;
         nth = nth >= 64 ? 1 : nth * 4;  // 1st, 4th, 16th, 64th call from now, and again
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    if (armed_at != 0 && device.calls(fault.call) >= armed_at) ++injected;
+    if (!fired && armed_at != 0 && device.calls(fault.call) >= armed_at) ++injected;
     device.fail_call(fault.call, 0);
   });
   std::vector<std::thread> threads;
