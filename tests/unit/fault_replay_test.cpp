@@ -1,7 +1,7 @@
 // Fault injection on real work: the captured traces of tests/data replayed through an Engine on
 // a SimulatedDevice whose GPU lags 2 ms behind a host clock that follows the trace, while one
-// kind of device call fails at its 1st, 3rd, 10th, 30th, 100th, ... call (one failure armed at a
-// time). Blocks are also used on side streams (record_stream), the cache is emptied, the limit
+// kind of device call fails at its 1st, 3rd, 10th, 30th, 100th, 300th, 1000th call and every
+// 1000th after (one failure armed at a time). Blocks are also used on side streams (record_stream), the cache is emptied, the limit
 // lowered and a malloc made to run out of memory along the way, so that every device call the
 // engine makes is reached: event calls, unmaps and releases included.
 //
@@ -114,8 +114,13 @@ void require(bool ok, const std::string& what) {
 }
 
 // The call numbers at which a failure is armed, one after the other: the next is armed once the
-// one before has fired.
-constexpr std::uint64_t kPoints[] = {1, 3, 10, 30, 100, 300, 1000, 3000, 10000, 30000};
+// one before has fired. After the last, one every kEvery calls.
+constexpr std::uint64_t kPoints[] = {1, 3, 10, 30, 100, 300, 1000};
+constexpr std::uint64_t kEvery = 1000;
+std::uint64_t point_call(std::size_t point) {
+  constexpr std::size_t n = std::size(kPoints);
+  return point < n ? kPoints[point] : kPoints[n - 1] + (point - n + 1) * kEvery;
+}
 
 // Whether `e` is what the injected fault should look like to the caller.
 bool reads_as(const std::exception& e, const Fault& f) {
@@ -204,12 +209,8 @@ class FaultyReplay {
  private:
   void arm(std::size_t point) {
     point_ = point;
-    if (point >= std::size(kPoints)) {
-      armed_at_ = ~std::uint64_t{0};
-      return;
-    }
     const std::uint64_t calls = device_->calls(fault_.call);
-    armed_at_ = std::max(kPoints[point], calls + 1);
+    armed_at_ = std::max(point_call(point), calls + 1);
     device_->fail_call(fault_.call, armed_at_ - calls, fault_.oom);
   }
   bool armed_fired() const { return armed_at_ != ~std::uint64_t{0} && device_->calls(fault_.call) >= armed_at_; }
