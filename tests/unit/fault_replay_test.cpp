@@ -69,37 +69,44 @@ std::vector<Fault> all_faults() {
 // Figures for README: per fault kind, summed over traces (printed at the end of the run).
 struct Tally {
   std::uint64_t runs = 0, injected = 0, surfaced = 0, survived_runs = 0, ops = 0;
+  std::uint64_t waits = 0, retries = 0;  // the engine's num_sync_all_streams, num_alloc_retries
 };
 std::mutex g_tally_mutex;
-std::map<std::string, Tally> g_replay_tally, g_thread_tally;
+std::map<std::string, Tally> g_replay_tally, g_tight_tally, g_thread_tally;
 
 class PrintTallies : public ::testing::Environment {
  public:
   void TearDown() override {
     auto print = [](const char* title, const std::map<std::string, Tally>& tally) {
       if (tally.empty()) return;
-      std::printf("\n%s\n%-24s %6s %9s %9s %9s %10s\n", title, "fault", "runs", "injected",
-                  "surfaced", "survived", "ops");
+      std::printf("\n%s\n%-24s %6s %9s %9s %9s %10s %8s %8s\n", title, "fault", "runs", "injected",
+                  "surfaced", "survived", "ops", "waits", "retries");
       Tally sum;
       for (const auto& [name, t] : tally) {
-        std::printf("%-24s %6llu %9llu %9llu %9llu %10llu\n", name.c_str(),
+        std::printf("%-24s %6llu %9llu %9llu %9llu %10llu %8llu %8llu\n", name.c_str(),
                     static_cast<unsigned long long>(t.runs), static_cast<unsigned long long>(t.injected),
                     static_cast<unsigned long long>(t.surfaced),
-                    static_cast<unsigned long long>(t.survived_runs), static_cast<unsigned long long>(t.ops));
+                    static_cast<unsigned long long>(t.survived_runs), static_cast<unsigned long long>(t.ops),
+                    static_cast<unsigned long long>(t.waits), static_cast<unsigned long long>(t.retries));
         sum.runs += t.runs;
         sum.injected += t.injected;
         sum.surfaced += t.surfaced;
         sum.survived_runs += t.survived_runs;
         sum.ops += t.ops;
+        sum.waits += t.waits;
+        sum.retries += t.retries;
       }
-      std::printf("%-24s %6llu %9llu %9llu %9llu %10llu\n", "total",
+      std::printf("%-24s %6llu %9llu %9llu %9llu %10llu %8llu %8llu\n", "total",
                   static_cast<unsigned long long>(sum.runs), static_cast<unsigned long long>(sum.injected),
                   static_cast<unsigned long long>(sum.surfaced),
-                  static_cast<unsigned long long>(sum.survived_runs), static_cast<unsigned long long>(sum.ops));
+                  static_cast<unsigned long long>(sum.survived_runs), static_cast<unsigned long long>(sum.ops),
+                  static_cast<unsigned long long>(sum.waits), static_cast<unsigned long long>(sum.retries));
     };
     std::lock_guard lock(g_tally_mutex);
     print("fault injection on trace replays (injected: failures fired; surfaced: reported to the caller)",
           g_replay_tally);
+    print("fault injection on tight devices (two_streams 832 MiB, resnet50 5.6 GiB, gpt2 13 GiB, llama 11.25 GiB)",
+          g_tight_tally);
     print("fault injection under 4 threads", g_thread_tally);
   }
 };
@@ -136,10 +143,12 @@ bool reads_as(const std::exception& e, const Fault& f) {
 
 class FaultyReplay {
  public:
-  FaultyReplay(const TraceProgram& program, Fault fault, std::size_t extra_checks)
-      : program_(program), fault_(fault), check_every_(extra_checks) {
+  // `capacity`: the device's memory.
+  FaultyReplay(const TraceProgram& program, Fault fault, std::size_t extra_checks,
+               std::size_t capacity = kCapacity)
+      : program_(program), fault_(fault), check_every_(extra_checks), capacity_(capacity) {
     SimDeviceOptions o;
-    o.capacity = kCapacity;
+    o.capacity = capacity;
     o.lag_us = 2000;  // the GPU runs 2 ms behind the host, whose clock follows the trace
     device_.emplace(o);
   }
@@ -149,11 +158,14 @@ class FaultyReplay {
     t.runs = 1;
     arm(0);
     // The constructor asks the device its size (cuMemGetInfo): it may fail there too.
+    // Each arena a whole 80 GiB of address space, on a small device too: one per stream.
+    EngineOptions eo;
+    eo.address_space = kCapacity;
     try {
-      engine_.emplace(*device_);
+      engine_.emplace(*device_, eo);
     } catch (const Error& e) {
       on_fault(e, "Engine()");
-      engine_.emplace(*device_);
+      engine_.emplace(*device_, eo);
     }
     after_op();
     std::vector<void*> blocks(program_.slots, nullptr);
@@ -174,7 +186,8 @@ class FaultyReplay {
         blocks[op.slot] = nullptr;
       }
       if (i_ % 1500 == 1499) retrying("empty_cache", [&] { engine_->empty_cache(); });
-      if (i_ % 2500 == 1249) oom_probe(op.stream);
+      // (On a tight device the probe could run out for real, which reads as the device.)
+      if (i_ % 2500 == 1249 && capacity_ == kCapacity) oom_probe(op.stream);
       if (i_ % 3000 == 2999) squeeze();
       if (check_every_ && i_ % check_every_ == 0) check("periodic check");
       after_op();
@@ -188,6 +201,8 @@ class FaultyReplay {
     require(device_->chunk_bytes() == 0, where("chunks left after empty_cache: " +
                                               std::to_string(device_->chunk_bytes())));
     t.injected = fired_points();
+    t.waits = static_cast<std::uint64_t>(engine_->stats().num_sync_all_streams);
+    t.retries = static_cast<std::uint64_t>(engine_->stats().num_alloc_retries);
     device_->fail_call(fault_.call, 0);  // faults at destruction: FaultAtDestruction below
     engine_.reset();
     require(device_->chunk_bytes() == 0, where("chunks left after ~Engine"));
@@ -311,6 +326,7 @@ class FaultyReplay {
   const TraceProgram& program_;
   const Fault fault_;
   const std::size_t check_every_;
+  const std::size_t capacity_;
   std::optional<SimulatedDevice> device_;
   std::optional<Engine> engine_;  // destroyed before the device
   std::size_t point_ = 0;
@@ -354,6 +370,8 @@ void add_tally(std::map<std::string, Tally>& tally, const std::string& name, con
   sum.surfaced += t.surfaced;
   sum.survived_runs += t.survived_runs;
   sum.ops += t.ops;
+  sum.waits += t.waits;
+  sum.retries += t.retries;
 }
 
 class FaultReplay : public ::testing::TestWithParam<Fault> {};
@@ -378,6 +396,32 @@ TEST_P(FaultReplay, RealTracesSurviveEveryInjectedFailure) {
   }
   // Every kind of call the engine makes while it runs is reached; release_address is made only
   // by ~Engine (FaultAtDestruction), and cuMemGetInfo only when an engine starts or runs out.
+  if (fault.call != DeviceCall::release_address) EXPECT_GT(injected, 0u) << fault_name(fault);
+}
+
+// The same on devices barely larger than the traces need (gmem's minimum capacity under the lag,
+// README's table, plus 4-8%): mallocs wait for other streams, steal their chunks and run the
+// pressure path for real, with failures injected inside.
+TEST_P(FaultReplay, TightDevicesSurviveEveryInjectedFailure) {
+  const Fault fault = GetParam();
+  const std::pair<std::size_t, std::size_t> tight[] = {
+      {2, 832 * MiB}, {0, 5760 * MiB}, {1, 13312 * MiB}, {3, 11520 * MiB}};
+  std::uint64_t injected = 0;
+  for (const auto& [index, capacity] : tight) {
+    FaultyReplay replay(programs()[index], fault, 0, capacity);
+    Tally t;
+    try {
+      t = replay.run();
+    } catch (const Violation& v) {
+      ADD_FAILURE() << v.what();
+      t.runs = 1;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << replay.where(std::string("unexpected exception: ") + e.what());
+      t.runs = 1;
+    }
+    injected += t.injected;
+    add_tally(g_tight_tally, fault_name(fault), t);
+  }
   if (fault.call != DeviceCall::release_address) EXPECT_GT(injected, 0u) << fault_name(fault);
 }
 
