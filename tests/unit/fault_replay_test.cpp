@@ -400,7 +400,7 @@ TEST_P(FaultReplay, RealTracesSurviveEveryInjectedFailure) {
 }
 
 // The same on devices barely larger than the traces need (gmem's minimum capacity under the lag,
-// README's table, plus 4-8%): mallocs wait for other streams, steal their chunks and run the
+// README's table, plus 2-8%): mallocs wait for other streams, steal their chunks and run the
 // pressure path for real, with failures injected inside.
 TEST_P(FaultReplay, TightDevicesSurviveEveryInjectedFailure) {
   const Fault fault = GetParam();
