@@ -129,7 +129,7 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
       call("gmem_malloc", [&] { return gmem_malloc(&blocks[op.slot], op.size, 0, op.stream); });
       sizes[op.slot] = static_cast<std::int64_t>((op.size + 511) / 512 * 512);
       held += sizes[op.slot];
-      if (i % 5 == 0) EXPECT_EQ(gmem_record_stream(blocks[op.slot], 0x51de), GMEM_OK);
+      if (i % 5 == 0) EXPECT_EQ(gmem_record_stream(blocks[op.slot], 0x51d0), GMEM_OK);
     } else {
       call("gmem_free", [&] { return gmem_free(blocks[op.slot]); });
       held -= sizes[op.slot];

@@ -177,10 +177,9 @@ class FaultyReplay {
         blocks[op.slot] = malloc_retrying(op.size, op.stream);
         // Some blocks are used on side streams too: their frees wait for events there.
         if (i_ % 5 == 0) engine_->record_stream(blocks[op.slot], kSide1);
-        // A block used on two side streams gets two events when freed. Not while cuEventDestroy
-        // fails: that is the bug of DISABLED_FailedEventDestroyLeavesADestroyedEventPending.
-        if (i_ % 11 == 0 && fault_.call != DeviceCall::destroy_event)
-          engine_->record_stream(blocks[op.slot], kSide2);
+        // A block used on two side streams gets two events when freed (a failed destroy of the
+        // second once left the first, destroyed, pending: FailedEventDestroyLeavesNoDestroyedEvent).
+        if (i_ % 11 == 0) engine_->record_stream(blocks[op.slot], kSide2);
       } else {
         free_retrying(blocks[op.slot]);
         blocks[op.slot] = nullptr;
@@ -486,15 +485,12 @@ TEST(FaultAtDestruction, WhatLeaksIsWhatTheFailedCallHeld) {
   }
 }
 
-// BUG (engine, found by RealTracesSurviveEveryInjectedFailure/cuEventDestroy on two_streams and
-// llama_ckpt_varlen, fault at the 10th cuEventDestroy): Engine::Impl::process_pending destroys a
-// pending free's events one by one (`for (EventHandle e : p.events) device_.destroy_event(e);`).
-// When a block was used on two other streams and the destroy of its second event fails, the
-// first is already destroyed but stays in the pending free's list. Every later malloc (and
-// empty_cache) polls that list first: cuEventQuery (cuEventSynchronize) of the destroyed event
-// fails, so from then on every malloc fails and the block's memory never comes back. On a real
-// GPU the query of a destroyed event is undefined behaviour. The smallest reproduction:
-TEST(FaultBugs, DISABLED_FailedEventDestroyLeavesADestroyedEventPending) {
+// Found by RealTracesSurviveEveryInjectedFailure/cuEventDestroy on two_streams and
+// llama_ckpt_varlen (fault at the 10th cuEventDestroy): process_pending destroyed a pending
+// free's events one by one and, when the second destroy failed, left the first (destroyed) in
+// the list; every later malloc then polled it and failed, and the block's memory never came back
+// (on a GPU, querying a destroyed event is undefined behaviour). The smallest reproduction:
+TEST(FaultBugs, FailedEventDestroyLeavesNoDestroyedEventPending) {
   SimulatedDevice device;  // events complete when recorded
   Engine engine(device);
   void* p = engine.malloc(1 * MiB);
@@ -503,8 +499,8 @@ TEST(FaultBugs, DISABLED_FailedEventDestroyLeavesADestroyedEventPending) {
   engine.free(p);  // pending, with an event on stream 1 and one on stream 2
   device.fail_call(DeviceCall::destroy_event, 2);
   EXPECT_THROW(engine.malloc(512), DeviceError);  // the first event destroyed, the second not
-  // The failure is spent: the engine should serve again. It fails: cuEventQuery failed (code
-  // 400): unknown event 1, on this malloc and every one after it.
+  // The failure is spent: the engine serves again (it failed: "cuEventQuery failed (code 400):
+  // unknown event 1", on this malloc and every one after it).
   void* q = nullptr;
   EXPECT_NO_THROW(q = engine.malloc(512));
   if (q != nullptr) engine.free(q);
