@@ -42,7 +42,7 @@ std::int64_t parse_time_us(std::string_view text, const CsvReader& csv) {
     auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
     if (ec == std::errc::result_out_of_range) throw out_of_range();
     if (ec != std::errc{} || end == rest.data() || value < 0) throw bad();
-    if (seconds > (kMaxSeconds - value) / 60) throw out_of_range();
+    if (value > kMaxSeconds || seconds > (kMaxSeconds - value) / 60) throw out_of_range();
     seconds = seconds * 60 + value;
     rest.remove_prefix(static_cast<std::size_t>(end - rest.data()));
     if (rest.empty() || rest.front() != ':') break;
