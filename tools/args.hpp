@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gmem/trace.hpp"
+
 namespace gmem::cli {
 
 // Wrong arguments: main prints "gmem: <message>" and exits 1.
@@ -47,4 +49,54 @@ inline const std::string& option_value(const std::vector<std::string>& args, std
   return args[++i];
 }
 
+// A count such as `--max-events 1000000`: digits only, at least 1.
+inline std::size_t parse_count(const std::string& option, const std::string& text) {
+  std::size_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc{} || end != text.data() + text.size() || text.empty() || n == 0)
+    throw UsageError(option + " takes a count of 1 or more, not '" + text + "'");
+  return n;
+}
+
+// The options bounding what reading a trace may cost (trace::ReadLimits), for every command
+// that reads traces. Consumes args[i] (and its value) and returns true when it is one of them.
+inline bool parse_read_limit(const std::vector<std::string>& args, std::size_t& i, trace::ReadLimits& limits) {
+  const std::string& a = args[i];
+  if (a == "--max-bytes") {
+    limits.max_bytes = parse_bytes(option_value(args, i));
+    if (limits.max_bytes == 0) throw UsageError("--max-bytes must be more than 0");
+  } else if (a == "--max-line") {
+    const std::uint64_t bytes = parse_bytes(option_value(args, i));
+    if (bytes == 0) throw UsageError("--max-line must be more than 0");
+    limits.max_line = static_cast<std::size_t>(bytes);
+  } else if (a == "--max-fields") {
+    limits.max_fields = parse_count(a, option_value(args, i));
+  } else if (a == "--max-events") {
+    limits.max_events = parse_count(a, option_value(args, i));
+  } else if (a == "--max-frames") {
+    limits.max_frames = parse_count(a, option_value(args, i));
+  } else if (a == "--max-memo-refs") {
+    limits.max_memo_refs = parse_count(a, option_value(args, i));
+  } else if (a == "--max-objects") {
+    limits.max_objects = parse_count(a, option_value(args, i));
+  } else {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace gmem::cli
+
+// The usage text of the options parse_read_limit takes; defaults as in trace::ReadLimits.
+// A macro so that it joins each command's usage string literal.
+#define GMEM_CLI_READ_LIMITS_USAGE                                                                \
+  "\n"                                                                                            \
+  "Bounds on reading a trace (a file over one stops with \"FILE: exceeds ... (set with OPTION)\"):\n" \
+  "  --max-bytes BYTES  file size, and content once gunzipped (default 1G)\n"                    \
+  "  --max-line BYTES   bytes in one CSV line (default 1M)\n"                                     \
+  "  --max-fields N     fields in one CSV line (default 1024)\n"                                  \
+  "  --max-events N     events in a trace (default 10000000)\n"                                   \
+  "  --max-frames N     frames in one stack of a snapshot pickle (default 10000)\n"               \
+  "  --max-memo-refs N  repeated references to one event, event list or stack in a snapshot\n"   \
+  "                     pickle (default 1000000)\n"                                               \
+  "  --max-objects N    values a pickle builds (default 100000000)\n"

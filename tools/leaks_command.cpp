@@ -9,7 +9,7 @@
 namespace gmem::cli {
 
 const char kLeaksUsage[] =
-    "usage: gmem leaks [--json] [--check] FILE...\n"
+    "usage: gmem leaks [--json] [--check] [--max-... N] FILE...\n"
     "\n"
     "Finds leaks in allocation traces (PyTorch trace CSV, snapshot pickle, RMM log): allocations\n"
     "that survive step boundaries, grouped by site (the Python line, else the library frame, else\n"
@@ -22,12 +22,16 @@ const char kLeaksUsage[] =
     "           \"bytes_per_step\", \"surviving_bytes\", \"first_seen_us\", \"first_step\", \"periods\",\n"
     "           \"growing_periods\", \"sample\": {\"addr\", \"size\", \"time_us\", \"stack\"}}]}\n"
     "\n"
-    "  --check  exit with status 2 when a leak is found (for CI); otherwise 0, and 1 on errors\n";
+    "  --check  exit with status 2 when a leak is found (for CI); otherwise 0, and 1 on errors\n"
+    GMEM_CLI_READ_LIMITS_USAGE;
 
 int leaks_command(const Args& args) {
   bool json = false, check = false;
+  trace::ReadLimits limits;
   std::vector<std::string> files;
-  for (const std::string& arg : args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (parse_read_limit(args, i, limits)) continue;
     if (arg == "--json") json = true;
     else if (arg == "--check") check = true;
     else if (arg.starts_with("-")) throw UsageError("unknown option " + arg + " (see gmem help leaks)");
@@ -36,7 +40,7 @@ int leaks_command(const Args& args) {
   if (files.empty()) throw UsageError("no trace given (usage: gmem leaks [--json] FILE...)");
   bool found = false;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const LeakReport report = find_leaks(trace::read_trace(files[i]));
+    const LeakReport report = find_leaks(trace::read_trace(files[i], limits));
     found = found || !report.leaks.empty();
     if (!json && i > 0) std::fputs("\n", stdout);
     std::fputs((json ? leaks_json(report) : format_leaks(report)).c_str(), stdout);

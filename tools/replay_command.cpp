@@ -23,7 +23,7 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] [--lag US] FILE...\n"
+    "usage: gmem replay [--json] [--capacity BYTES] [--lag US] [--max-... N] FILE...\n"
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
     "as ratios to the trace's peak allocated memory: the memory PyTorch's allocator reserved\n"
@@ -50,7 +50,8 @@ const char kReplayUsage[] =
     "  --lag US          how far the GPU runs behind the host, in microseconds (default 2000:\n"
     "                    PyTorch's host typically runs several ms ahead of a busy GPU; 0: stream\n"
     "                    work completes at once, the model of earlier gmem versions)\n"
-    "  --json            one JSON object per trace, one per line\n";
+    "  --json            one JSON object per trace, one per line\n"
+    GMEM_CLI_READ_LIMITS_USAGE;
 
 namespace {
 
@@ -155,9 +156,11 @@ int replay_command(const Args& args) {
   bool as_json = false;
   trace::ReplayOptions options;
   options.lag_us = kDefaultLagUs;
+  trace::ReadLimits limits;
   std::vector<std::string> files;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (parse_read_limit(args, i, limits)) continue;
     if (a == "--json") {
       as_json = true;
     } else if (a == "--capacity") {
@@ -180,7 +183,7 @@ int replay_command(const Args& args) {
               {false, true, true, true, true, true, true, true, true});
   int status = 0;
   for (const std::string& file : files) {
-    const trace::Trace t = trace::read_trace(file);
+    const trace::Trace t = trace::read_trace(file, limits);
     options.step_ends = step_ends(t);
     const trace::ReplayResult r = trace::replay(t, options);
     const std::uint64_t min_cap = trace::min_capacity(t, options.lag_us);

@@ -10,7 +10,7 @@
 namespace gmem::cli {
 
 const char kSummaryUsage[] =
-    "usage: gmem summary [--at end|peak] [--top N] [--json] FILE...\n"
+    "usage: gmem summary [--at end|peak] [--top N] [--json] [--max-... N] FILE...\n"
     "\n"
     "Replays an allocation trace (PyTorch trace CSV, snapshot pickle, RMM log) through gmem's engine\n"
     "on a simulated device and prints the memory summary at the trace's end or just after its peak\n"
@@ -22,15 +22,18 @@ const char kSummaryUsage[] =
     "  --at end|peak  where to stop (default: end)\n"
     "  --top N        sites listed (default: 10)\n"
     "  --json         one JSON object per file: {\"trace\", \"at\", \"events\", \"device\", \"note\",\n"
-    "                 \"stats\": {PyTorch-style names}, \"reserved_unallocated\", \"largest_free_range\", \"top\"}\n";
+    "                 \"stats\": {PyTorch-style names}, \"reserved_unallocated\", \"largest_free_range\", \"top\"}\n"
+    GMEM_CLI_READ_LIMITS_USAGE;
 
 int summary_command(const Args& args) {
   bool json = false;
   SummaryPoint at = SummaryPoint::end;
   std::size_t top = 10;
+  trace::ReadLimits limits;
   std::vector<std::string> files;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
+    if (parse_read_limit(args, i, limits)) continue;
     if (arg == "--json") {
       json = true;
     } else if (arg == "--at") {
@@ -51,7 +54,7 @@ int summary_command(const Args& args) {
   }
   if (files.empty()) throw UsageError("no trace given (usage: gmem summary [--at end|peak] [--json] FILE...)");
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const TraceSummary s = summarize_trace(trace::read_trace(files[i]), at, top);
+    const TraceSummary s = summarize_trace(trace::read_trace(files[i], limits), at, top);
     if (json) {
       // summary_json's object, with the trace and the point first.
       std::string body = summary_json(s.stats, s.top, s.options());

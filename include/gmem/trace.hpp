@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gmem::trace {
@@ -37,11 +38,40 @@ struct Trace {
   std::vector<std::string> frames;  // interned frame strings; frames[0] == ""
 };
 
-// Reads a trace, detecting its format from its content: PyTorch trace CSV (gzip or plain),
-// PyTorch snapshot pickle, or RMM CSV log. Throws BadInputError naming file and line.
-Trace read_trace(const std::string& path);
+// Bounds on what reading one trace may cost, so that a hostile or broken file (a gzip bomb, a
+// line of a billion commas, a pickle that refers to one object a billion times) stops with an
+// error in bounded time and memory instead of exhausting the machine. The defaults fit the
+// largest real traces (~200k events, tens of MB inflated) with room to spare. Going over one
+// throws BadInputError "FILE: exceeds LIMIT (set with --max-...)"; the CLI option is named.
+struct ReadLimits {
+  // Bytes of the file, and of its content once gunzipped (inflation stops at the limit).
+  std::uint64_t max_bytes = std::uint64_t{1} << 30;  // 1 GiB (--max-bytes)
+  // Bytes in one CSV record (a quoted field may span lines) and the header line.
+  std::size_t max_line = std::size_t{1} << 20;       // 1 MiB (--max-line)
+  // Fields in one CSV record: traces have 6 or 7.
+  std::size_t max_fields = 1024;                     // (--max-fields)
+  // Events in the trace (48 bytes each in memory).
+  std::size_t max_events = 10'000'000;               // (--max-events)
+  // Frames in one stack of a snapshot pickle (Python's recursion limit is 1000).
+  std::size_t max_frames = 10'000;                   // (--max-frames)
+  // Times a snapshot pickle's events reach an object they reached already (the same event dict,
+  // event list or frames list again, through the pickle's memo): real snapshots share frames,
+  // never events, so this bounds how far a small pickle can be multiplied.
+  std::size_t max_memo_refs = 1'000'000;             // (--max-memo-refs)
+  // Values a pickle builds (strings, numbers, containers, references pushed on its stack).
+  std::size_t max_objects = 100'000'000;             // (--max-objects)
+};
 
-// Reads a whole file, gunzipping when it is gzip. Throws BadInputError (truncated gzip, I/O).
-std::string read_file_maybe_gzip(const std::string& path);
+// Reads a trace, detecting its format from its content: PyTorch trace CSV (gzip or plain),
+// PyTorch snapshot pickle, or RMM CSV log. Throws BadInputError naming file and line, also
+// when the file goes over one of `limits`.
+Trace read_trace(const std::string& path, const ReadLimits& limits = {});
+
+// Reads a whole file, gunzipping when it is gzip, up to limits.max_bytes. Throws BadInputError
+// (truncated gzip, I/O, too large).
+std::string read_file_maybe_gzip(const std::string& path, const ReadLimits& limits = {});
+
+// read_trace on a file's bytes already in memory (gzip or not); `path` names it in errors.
+Trace read_trace_bytes(std::string_view bytes, const std::string& path, const ReadLimits& limits = {});
 
 }  // namespace gmem::trace

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "gmem/error.hpp"
+#include "trace/formats.hpp"
 
 namespace gmem::trace::detail {
 
@@ -16,7 +17,10 @@ bool CsvReader::next() {
   }
   if (pos_ >= text_.size()) return false;
   line_ = next_line_;
+  const std::size_t record_start = pos_;
   for (;;) {
+    if (fields_.size() == max_fields_)
+      exceeds(file_, line_, std::to_string(max_fields_) + " fields in one line", "--max-fields");
     if (pos_ < text_.size() && text_[pos_] == '"') {
       fields_.push_back(quoted_field());
     } else {
@@ -26,6 +30,7 @@ bool CsvReader::next() {
       if (end > start && text_[end - 1] == '\r') --end;
       fields_.push_back(text_.substr(start, end - start));
     }
+    check_record_size(record_start);
     if (pos_ >= text_.size()) return true;
     if (text_[pos_] == '\n') {
       ++pos_;
@@ -43,6 +48,11 @@ bool CsvReader::next() {
     }
     throw BadInputError(file_, next_line_, "unexpected character after a quoted field");
   }
+}
+
+void CsvReader::check_record_size(std::size_t record_start) const {
+  if (pos_ - record_start > max_record_bytes_)
+    exceeds(file_, line_, std::to_string(max_record_bytes_) + " bytes in one line", "--max-line");
 }
 
 std::string_view CsvReader::quoted_field() {

@@ -12,7 +12,11 @@ namespace gmem::trace::detail {
 
 class CsvReader {
  public:
-  CsvReader(std::string_view text, std::string file) : text_(text), file_(std::move(file)) {}
+  // Records longer than `max_record_bytes` or with more than `max_fields` fields throw
+  // (ReadLimits::max_line, max_fields), before the fields are stored.
+  CsvReader(std::string_view text, std::string file, std::size_t max_record_bytes,
+            std::size_t max_fields)
+      : text_(text), file_(std::move(file)), max_record_bytes_(max_record_bytes), max_fields_(max_fields) {}
 
   // Reads the next record; false at the end. Blank lines are skipped.
   bool next();
@@ -28,9 +32,12 @@ class CsvReader {
 
  private:
   std::string_view quoted_field();  // at an opening quote; leaves pos_ after the closing one
+  void check_record_size(std::size_t record_start) const;
 
   std::string_view text_;
   std::string file_;
+  std::size_t max_record_bytes_;
+  std::size_t max_fields_;
   std::size_t pos_ = 0;
   std::size_t line_ = 0;
   std::size_t next_line_ = 1;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "gmem/error.hpp"
+#include "trace/formats.hpp"
 
 namespace gmem::pickle {
 
@@ -80,8 +81,8 @@ namespace detail {
 
 class Machine {
  public:
-  Machine(std::string_view data, const std::string& file, Document& doc)
-      : data_(data), file_(file), doc_(*doc.storage_) {}
+  Machine(std::string_view data, const std::string& file, std::size_t max_objects, Document& doc)
+      : data_(data), file_(file), doc_(*doc.storage_), objects_left_(max_objects), max_objects_(max_objects) {}
 
   void run() {
     for (;;) {
@@ -139,7 +140,16 @@ class Machine {
     return static_cast<std::size_t>(n);
   }
 
-  void push(Value v) { stack_.push_back(std::move(v)); }
+  // Every value pushed and every memo entry counts against max_objects.
+  void count_object() {
+    if (objects_left_ == 0)
+      trace::detail::exceeds(file_, 0, std::to_string(max_objects_) + " objects in a pickle", "--max-objects");
+    --objects_left_;
+  }
+  void push(Value v) {
+    count_object();
+    stack_.push_back(std::move(v));
+  }
   Value pop() {
     if (stack_.size() <= floor()) fail("stack underflow");
     Value v = std::move(stack_.back());
@@ -184,7 +194,10 @@ class Machine {
       d.emplace_back(std::move(items[i]), std::move(items[i + 1]));
     }
   }
-  void put(std::uint64_t index) { memo_[index] = top(); }
+  void put(std::uint64_t index) {
+    count_object();
+    memo_[index] = top();
+  }
   void get(std::uint64_t index) {
     auto it = memo_.find(index);
     if (it == memo_.end()) fail("memo entry " + std::to_string(index) + " used before it was stored");
@@ -225,6 +238,8 @@ class Machine {
   std::vector<Value> stack_;
   std::vector<std::size_t> marks_;  // stack sizes at each MARK
   std::unordered_map<std::uint64_t, Value> memo_;
+  std::size_t objects_left_;
+  std::size_t max_objects_;
 };
 
 void Machine::step(unsigned char op) {
@@ -371,10 +386,10 @@ void Machine::step(unsigned char op) {
 
 }  // namespace detail
 
-Document parse(std::string_view data, const std::string& file) {
+Document parse(std::string_view data, const std::string& file, std::size_t max_objects) {
   if (data.empty()) throw BadInputError(file, 0, "empty pickle");
   Document doc;
-  detail::Machine(data, file, doc).run();
+  detail::Machine(data, file, max_objects, doc).run();
   return doc;
 }
 

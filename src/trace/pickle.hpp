@@ -80,7 +80,10 @@ class Document {
 };
 
 // Reads the pickle in `data`. Throws BadInputError(file, 0, "pickle byte N: problem") for
-// truncated or malformed data and for opcodes that are not plain data.
-Document parse(std::string_view data, const std::string& file);
+// truncated or malformed data and for opcodes that are not plain data, and "exceeds N objects"
+// when it pushes more than `max_objects` values (built, or references to built ones) or memo
+// entries: each costs memory, and a few bytes of pickle can ask for one (ReadLimits::max_objects).
+Document parse(std::string_view data, const std::string& file,
+               std::size_t max_objects = static_cast<std::size_t>(-1));
 
 }  // namespace gmem::pickle

@@ -9,8 +9,8 @@
 
 namespace gmem::trace::detail {
 
-void read_pytorch_csv(std::string_view text, Trace& trace) {
-  CsvReader csv(text, trace.path);
+void read_pytorch_csv(std::string_view text, Trace& trace, const ReadLimits& limits) {
+  CsvReader csv(text, trace.path, limits.max_line, limits.max_fields);
   if (!csv.next()) throw BadInputError(trace.path, 1, "empty trace: no header line");
   const std::size_t action = csv.column("action");
   const std::size_t addr = csv.column("addr");
@@ -22,9 +22,9 @@ void read_pytorch_csv(std::string_view text, Trace& trace) {
   const std::size_t needed = std::max({action, addr, size, stream, time_us, user_frame, lib_frame}) + 1;
 
   FrameTable frames(trace.frames);
-  // About 60 bytes a line: reserve once instead of growing through ~20 reallocations.
-  trace.events.reserve(trace.events.size() + text.size() / 60);
+  reserve_events(trace, text.size(), limits);
   while (csv.next()) {
+    check_event_count(trace, csv.line(), limits);
     csv.require_fields(needed);
     Event e;
     const std::optional<Action> a = parse_action(csv[action]);

@@ -5,6 +5,7 @@
 // streams are hex. An RMM free is immediate, so it becomes a free_completed.
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <string>
 
 #include "gmem/error.hpp"
@@ -21,17 +22,27 @@ std::optional<Action> rmm_action(std::string_view name) {
   return std::nullopt;
 }
 
+// The most seconds whose microseconds, plus a fraction below 1 s, fit in an int64_t.
+constexpr std::int64_t kMaxSeconds = INT64_MAX / 1'000'000 - 1;
+
 // "HH:MM:SS.ffffff" or "1634567890.234567" (seconds), as microseconds.
 std::int64_t parse_time_us(std::string_view text, const CsvReader& csv) {
   auto bad = [&] {
     return BadInputError(csv.file(), csv.line(), "bad time in column 'Time': '" + std::string(text) + "'");
+  };
+  auto out_of_range = [&] {
+    return BadInputError(csv.file(), csv.line(),
+                         "time out of range in column 'Time': '" + std::string(text) +
+                             "' (microseconds must fit in 64 bits)");
   };
   std::int64_t seconds = 0;
   std::string_view rest = text;
   for (int part = 0;; ++part) {  // up to three ':'-separated parts, base 60
     std::int64_t value = 0;
     auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+    if (ec == std::errc::result_out_of_range) throw out_of_range();
     if (ec != std::errc{} || end == rest.data() || value < 0) throw bad();
+    if (value > kMaxSeconds || seconds > (kMaxSeconds - value) / 60) throw out_of_range();
     seconds = seconds * 60 + value;
     rest.remove_prefix(static_cast<std::size_t>(end - rest.data()));
     if (rest.empty() || rest.front() != ':') break;
@@ -53,8 +64,8 @@ std::int64_t parse_time_us(std::string_view text, const CsvReader& csv) {
 }
 }  // namespace
 
-void read_rmm_csv(std::string_view text, Trace& trace) {
-  CsvReader csv(text, trace.path);
+void read_rmm_csv(std::string_view text, Trace& trace, const ReadLimits& limits) {
+  CsvReader csv(text, trace.path, limits.max_line, limits.max_fields);
   if (!csv.next()) throw BadInputError(trace.path, 1, "empty log: no header line");
   const std::size_t time = csv.column("Time");
   const std::size_t action = csv.column("Action");
@@ -63,8 +74,9 @@ void read_rmm_csv(std::string_view text, Trace& trace) {
   const std::size_t stream = csv.column("Stream");
   const std::size_t needed = std::max({time, action, pointer, size, stream}) + 1;
 
-  trace.events.reserve(trace.events.size() + text.size() / 60);
+  reserve_events(trace, text.size(), limits);
   while (csv.next()) {
+    check_event_count(trace, csv.line(), limits);
     csv.require_fields(needed);
     Event e;
     const std::optional<Action> a = rmm_action(csv[action]);

@@ -1,7 +1,11 @@
 // torch.cuda.memory._snapshot() as pickled by _dump_snapshot(): its `device_traces` (one list of
 // event dicts per device) become trace events, with frames reduced to the CSV's two columns.
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
 
 #include "common/python_frames.hpp"
 #include "gmem/error.hpp"
@@ -24,12 +28,17 @@ std::string_view library_path(std::string_view file) {
   return {};
 }
 
+// The pickle shares what its memo refers to more than once, so that an event dict or a frames
+// list may be reached many times for the bytes of one. Each is converted once and remembered:
+// a repeated frames list costs a lookup, not a walk, and a repeated event dict or event list
+// counts against limits.max_memo_refs, so that a small pickle cannot multiply into billions.
 class Converter {
  public:
-  explicit Converter(Trace& trace) : trace_(trace), frames_(trace.frames) {}
+  Converter(Trace& trace, const ReadLimits& limits) : trace_(trace), limits_(limits), frames_(trace.frames) {}
 
   void device(const Value& events) {
     if (!events.is_sequence()) fail("device_traces holds a " + std::string(events.kind_name()) + ", not a list");
+    if (!devices_seen_.insert(&events.as_list()).second) count_memo_ref();
     for (const Value& entry : events.as_list()) {
       ++record_;
       if (!entry.is_dict()) fail("event is a " + std::string(entry.kind_name()) + ", not a dict");
@@ -60,7 +69,24 @@ class Converter {
     return static_cast<std::uint64_t>(v);
   }
 
+  void count_memo_ref() {
+    if (++memo_refs_ > limits_.max_memo_refs)
+      exceeds(trace_.path, record_, std::to_string(limits_.max_memo_refs) + " repeated references in a snapshot pickle",
+              "--max-memo-refs");
+  }
+
   void event(const Value& entry) {
+    const auto [seen, first_time] = events_seen_.try_emplace(&entry.as_dict());
+    if (!first_time) count_memo_ref();
+    else seen->second = convert(entry);
+    if (!seen->second) return;  // not a memory event
+    check_event_count(trace_, record_, limits_);
+    Event e = *seen->second;
+    e.line = record_;
+    trace_.events.push_back(e);
+  }
+
+  std::optional<Event> convert(const Value& entry) {
     const Value& action = field(entry, "action");
     if (!action.is_string()) fail("'action' is a " + std::string(action.kind_name()) + ", not a str");
     const std::string& name = action.as_string();
@@ -72,7 +98,7 @@ class Converter {
     } else if (name == "segment_unmap") {
       e.action = Action::segment_free;
     } else if (name == "snapshot") {  // marks when a snapshot was taken: no memory changes
-      return;
+      return std::nullopt;
     } else {
       fail("unknown action '" + name + "'");
     }
@@ -80,39 +106,79 @@ class Converter {
     e.size = unsigned_integer(entry, "size");
     e.stream = static_cast<std::uint64_t>(integer(entry, "stream", true));
     e.time_us = integer(entry, "time_us", true);
-    e.line = record_;
-    if (const Value* frames = entry.get("frames")) this->frames(*frames, e);
-    trace_.events.push_back(e);
+    if (const Value* frames = entry.get("frames")) {
+      const FrameIds ids = stack(*frames);
+      e.user_frame = ids.user;
+      e.lib_frame = ids.lib;
+    }
+    return e;
   }
 
-  // Frames come innermost first.
-  void frames(const Value& frames, Event& e) {
+  struct FrameIds {
+    std::uint32_t user = 0;  // index into trace.frames, 0 for none
+    std::uint32_t lib = 0;
+  };
+
+  // The innermost user and library frames of a stack (frames come innermost first).
+  FrameIds stack(const Value& frames) {
     if (!frames.is_sequence()) fail("'frames' is a " + std::string(frames.kind_name()) + ", not a list");
-    for (const Value& frame : frames.as_list()) {
-      const Value* file = frame.get("filename");
-      if (!file || !file->is_string()) fail("a frame without a 'filename'");
-      const std::string& path = file->as_string();
-      const bool user = e.user_frame == 0 && gmem::detail::is_user_python_file(path);
-      const std::string_view lib = e.lib_frame == 0 ? library_path(path) : std::string_view{};
-      if (!user && lib.empty()) continue;
+    const pickle::List& list = frames.as_list();
+    const auto [cached, first_time] = stacks_seen_.try_emplace(&list);
+    if (!first_time) {
+      count_memo_ref();
+      return cached->second;
+    }
+    if (list.size() > limits_.max_frames)
+      exceeds(trace_.path, record_, std::to_string(limits_.max_frames) + " frames in one stack", "--max-frames");
+    FrameIds ids;
+    for (const Value& frame : list) {
+      const FrameIds f = this->frame(frame);
+      if (ids.user == 0) ids.user = f.user;
+      if (ids.lib == 0) ids.lib = f.lib;
+      if (ids.user && ids.lib) break;
+    }
+    cached->second = ids;
+    return ids;
+  }
+
+  // One frame dict as "file:line:function", if it is a user or a library frame. Frame dicts are
+  // shared by many stacks in real snapshots: each is looked at once.
+  FrameIds frame(const Value& frame) {
+    if (!frame.is_dict()) fail("a frame without a 'filename'");
+    const auto [cached, first_time] = frames_seen_.try_emplace(&frame.as_dict());
+    if (!first_time) return cached->second;
+    const Value* file = frame.get("filename");
+    if (!file || !file->is_string()) fail("a frame without a 'filename'");
+    const std::string& path = file->as_string();
+    const bool user = gmem::detail::is_user_python_file(path);
+    const std::string_view lib = library_path(path);
+    FrameIds ids;
+    if (user || !lib.empty()) {
       const Value* line = frame.get("line");
       const Value* function = frame.get("name");
-      std::string suffix = ":" + std::to_string(line && line->is_int() ? line->as_int() : 0) + ":" +
-                           (function && function->is_string() ? function->as_string() : "");
-      if (user) e.user_frame = frames_.intern(path + suffix);
-      if (!lib.empty()) e.lib_frame = frames_.intern(std::string(lib) + suffix);
-      if (e.user_frame && e.lib_frame) break;
+      const std::string suffix = ":" + std::to_string(line && line->is_int() ? line->as_int() : 0) + ":" +
+                                 (function && function->is_string() ? function->as_string() : "");
+      if (user) ids.user = frames_.intern(path + suffix);
+      if (!lib.empty()) ids.lib = frames_.intern(std::string(lib) + suffix);
     }
+    cached->second = ids;
+    return ids;
   }
 
   Trace& trace_;
+  const ReadLimits& limits_;
   FrameTable frames_;
   std::size_t record_ = 0;  // 1-based, over all devices' events
+  std::size_t memo_refs_ = 0;
+  std::unordered_set<const pickle::List*> devices_seen_;
+  std::unordered_map<const pickle::Dict*, std::optional<Event>> events_seen_;
+  std::unordered_map<const pickle::List*, FrameIds> stacks_seen_;
+  std::unordered_map<const pickle::Dict*, FrameIds> frames_seen_;
 };
 }  // namespace
 
-void read_snapshot_pickle(std::string_view bytes, Trace& trace) {
-  const pickle::Document doc = pickle::parse(bytes, trace.path);
+void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits& limits) {
+  const pickle::Document doc = pickle::parse(bytes, trace.path, limits.max_objects);
   const Value& root = doc.root();
   if (!root.is_dict())
     throw BadInputError(trace.path, 0, std::string("snapshot pickle holds a ") + root.kind_name() +
@@ -122,7 +188,7 @@ void read_snapshot_pickle(std::string_view bytes, Trace& trace) {
     throw BadInputError(trace.path, 0,
                         "snapshot has no 'device_traces' list (record it with "
                         "torch.cuda.memory._record_memory_history())");
-  Converter convert(trace);
+  Converter convert(trace, limits);
   std::size_t devices_with_events = 0;
   for (const Value& device : traces->as_list()) {
     const std::size_t before = trace.events.size();

@@ -166,7 +166,7 @@ TEST(SnapshotPickle, DamagedFilesGiveErrorsNotCrashes) {
     t.path = "mutated";
     t.frames.emplace_back();
     try {
-      trace::detail::read_snapshot_pickle(bad, t);  // may still be a valid snapshot
+      trace::detail::read_snapshot_pickle(bad, t, trace::ReadLimits{});  // may still be a valid snapshot
     } catch (const BadInputError& e) {
       EXPECT_EQ(e.file(), "mutated");
     }
