@@ -60,15 +60,24 @@ TEST(EngineThreadStress, MainThreadAllocatesWhileAutogradThreadFrees) {
   EXPECT_EQ(engine.stats().allocation[kAllPools].allocated, 2 * kOps);
 }
 
-TEST(EngineThreadStress, FourThreadsChurnOnTheirOwnStreams) {
-  SimulatedDevice device;
+// lagging: each stream finishes its work only when its thread says so (as a GPU that runs
+// behind the host), so memory moving between the threads' streams waits on events.
+void four_threads_churn(bool lagging) {
+  SimDeviceOptions o;
+  o.capacity = std::size_t{1} << 30;  // small enough that streams take each other's chunks
+  o.streams_complete_immediately = !lagging;
+  SimulatedDevice device(o);
   Engine engine(device);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&engine, t] {
+    threads.emplace_back([&engine, &device, lagging, t] {
       std::mt19937 rng(static_cast<unsigned>(t));
       std::vector<void*> live;
       for (int i = 0; i < 5000; ++i) {
+        if (lagging) {
+          device.submit_work(static_cast<StreamId>(t));
+          if (i % 16 == 0) device.complete_stream(static_cast<StreamId>(t));
+        }
         if (!live.empty() && rng() % 2) {
           engine.free(live.back());
           live.pop_back();
@@ -83,6 +92,9 @@ TEST(EngineThreadStress, FourThreadsChurnOnTheirOwnStreams) {
   engine.check_invariants();
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
+
+TEST(EngineThreadStress, FourThreadsChurnOnTheirOwnStreams) { four_threads_churn(false); }
+TEST(EngineThreadStress, FourThreadsChurnOnLaggingStreams) { four_threads_churn(true); }
 
 }  // namespace
 }  // namespace gmem
