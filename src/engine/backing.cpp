@@ -36,14 +36,13 @@ std::size_t offset_in(const detail::RangeNode& fit, std::size_t bytes) {
 }
 // A page that has had to be remapped twice (its chunk was busy elsewhere when it was needed)
 // gets a new chunk rather than another free one, while reserved memory stays within a share of
-// the most pages ever used at once (1/kClashShare, plus kClashPages). Without it, a layout whose
+// the most pages ever used at once (1/kFirstClashShare, plus kClashPages). Without it, a layout whose
 // pages take turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35
 // pages a step). A program whose layout keeps changing (a random churn; a training loop whose
 // shapes take turns, each laying its blocks out differently) keeps clashing: each time the
 // clashes reach half the pages in use, the share doubles, up to 1/kMinClashShare. (At a quarter,
 // the warm-up of llama_ckpt_varlen alone doubled it three times: 1.023 instead of 1.013; at the
 // whole, alloc_bench's churn of 1000 blocks still stitched after 100k operations.)
-constexpr std::size_t kClashShare = 200;
 constexpr std::size_t kMinClashShare = 8;
 constexpr std::size_t kClashPages = 4;
 }  // namespace

@@ -106,7 +106,8 @@ class Engine::Impl {
   detail::FreedPages freed_pages_;  // where stitching looks for free chunks
   std::size_t used_pages_ = 0;    // pages with refs > 0 (each pins one busy chunk)
   std::size_t peak_used_ = 0;     // most pages used at once
-  std::size_t clash_share_ = 200; // see acquire_chunk
+  static constexpr std::size_t kFirstClashShare = 200;  // see backing.cpp
+  std::size_t clash_share_ = kFirstClashShare;
   std::size_t clashes_ = 0;
   std::uint32_t clock_ = 0;       // ranges taken so far (wraps): the pages' time of use
   std::size_t free_pages_ = 0;    // mapped pages with refs == 0
