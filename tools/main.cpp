@@ -20,6 +20,7 @@ const Command* find_command(std::string_view name) {
 void print_help(std::FILE* out) {
   std::fputs("usage: gmem <command> [options] [arguments]\n\ncommands:\n", out);
   std::fprintf(out, "  %-10s %s\n", "help", "show this help, or a command's: gmem help <command>");
+  std::fprintf(out, "  %-10s %s\n", "--version", "print gmem's version");
   for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
 }
 
@@ -36,6 +37,10 @@ int dispatch(gmem::cli::Args args) {
   }
   const std::string name = args.front();
   args.erase(args.begin());
+  if (name == "--version" || name == "version") {
+    std::printf("gmem %s\n", GMEM_VERSION);
+    return 0;
+  }
   if (name == "help" || name == "--help" || name == "-h") {
     if (args.empty()) {
       print_help(stdout);

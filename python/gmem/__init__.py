@@ -57,6 +57,8 @@ __version__ = "0.1.0"
 __all__ = [
     "BadInputError", "DeviceError", "DoubleFreeError", "GmemError", "InvalidArgumentError",
     "InvalidPointerError", "OutOfMemoryError",
+    "annotate", "disable_tracking", "dump_snapshot", "enable_tracking", "is_tracking",
+    "last_oom_report", "scope", "set_frames", "snapshot", "step",
     "empty_cache", "format_bytes", "free", "library_path", "malloc", "max_memory_allocated",
     "max_memory_reserved", "memory_allocated", "memory_limit", "memory_reserved", "memory_stat",
     "memory_stats", "memory_summary", "record_stream", "reset_accumulated_memory_stats",

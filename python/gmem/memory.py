@@ -12,9 +12,15 @@ from .errors import InvalidArgumentError
 
 
 def device_index(device):
-    """The C API's device argument: -1 (current) for None, else the ordinal."""
+    """The C API's device argument: -1 (current) for None, else the ordinal. Takes what torch
+    takes: an int, a torch.device, or a string such as "cuda:0" ("cuda": the current device)."""
     if device is None:
         return -1
+    if isinstance(device, str):
+        kind, _, ordinal = device.partition(":")
+        if kind != "cuda" or (ordinal and not ordinal.isdigit()):
+            raise InvalidArgumentError("device %r: expected 'cuda' or 'cuda:N'" % device)
+        return int(ordinal) if ordinal else -1
     index = getattr(device, "index", device)  # torch.device has .index (None = current)
     if index is None:
         return -1

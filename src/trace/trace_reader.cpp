@@ -5,8 +5,9 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,9 @@ bool is_gzip(std::string_view data) {
 
 // The whole file, refusing one larger than limits.max_bytes before reading it all.
 std::string read_raw(const std::string& path, const ReadLimits& limits) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored))
+    throw BadInputError(path, 0, "is a directory, not a trace");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) throw BadInputError(path, 0, std::string("cannot open: ") + std::strerror(errno));
   std::string data;

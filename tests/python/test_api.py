@@ -66,8 +66,9 @@ class StatsTest(GmemTestCase):
 
     def test_device_argument_forms(self):
         self.assertEqual(gmem.memory_allocated(0), gmem.memory_allocated(None))
+        self.assertEqual(gmem.memory_allocated("cuda:0"), gmem.memory_allocated(0))  # as torch
         with self.assertRaises(TypeError):
-            gmem.memory_allocated("cuda:0")
+            gmem.memory_allocated(1.5)
 
 
 class AllocationTest(GmemTestCase):
@@ -193,6 +194,25 @@ class LimitAndOomTest(GmemTestCase):
         for bad in (True, "1GiB", None):
             with self.assertRaises(TypeError, msg=repr(bad)):
                 gmem.set_memory_limit(bad)
+
+    def test_devices_as_torch_names_them(self):
+        ptr = gmem.malloc(4096)
+        try:
+            self.assertEqual(gmem.memory_allocated("cuda:0"), gmem.memory_allocated(0))
+            self.assertEqual(gmem.memory_allocated("cuda"), gmem.memory_allocated())
+            self.assertGreaterEqual(gmem.memory_allocated("cuda:0"), 4096)
+        finally:
+            gmem.free(ptr)
+        for bad in ("cpu", "cuda:x", "cuda:-1"):
+            with self.assertRaises(gmem.InvalidArgumentError, msg=bad):
+                gmem.memory_allocated(bad)
+
+    def test_star_import_has_the_observability_functions(self):
+        names = {}
+        exec("from gmem import *", names)
+        for name in ("enable_tracking", "snapshot", "dump_snapshot", "scope", "step",
+                     "last_oom_report", "memory_summary", "memory_allocated"):
+            self.assertIn(name, names)
 
     def test_sizes_that_overflow_are_refused(self):
         with self.assertRaises(gmem.InvalidArgumentError):
