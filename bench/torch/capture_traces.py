@@ -30,7 +30,8 @@ import sys
 import sysconfig
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from common import HERE, emit
+
 # name: (factory in models.py, steps)
 PROGRAMS = {
     "llama_ckpt_varlen": ("llama_step", 12),
@@ -40,14 +41,6 @@ PROGRAMS = {
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark
 GiB = float(1 << 30)
-
-
-def emit(record, out=None):
-    line = json.dumps(record, sort_keys=True)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
 
 
 # --- writing a snapshot's device_traces as CSV -----------------------------------------------

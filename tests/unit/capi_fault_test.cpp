@@ -41,25 +41,13 @@ void for_each_context(const std::function<void(DeviceContext&)>& visit) {
 namespace gmem {
 namespace {
 
+using testing::all_faults;
+using testing::Fault;
+using testing::fault_name;
+
 constexpr std::size_t kCapacity = std::size_t{80} << 30;
 constexpr std::uint64_t kPoints[] = {1, 3, 10, 30, 100, 300, 1000, 3000};
 
-struct Fault {
-  DeviceCall call;
-  bool oom = false;
-};
-
-std::string fault_name(const Fault& f) {
-  return std::string(device_call_name(f.call)) + (f.oom ? "_OOM" : "");
-}
-
-std::vector<Fault> faults() {
-  std::vector<Fault> out;
-  for (int i = 0; i < static_cast<int>(DeviceCall::count_); ++i)
-    out.push_back(Fault{static_cast<DeviceCall>(i), false});
-  out.push_back(Fault{DeviceCall::create_chunk, true});
-  return out;
-}
 
 std::int64_t stat(const char* name) {
   std::int64_t value = -1;
@@ -178,7 +166,7 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
               static_cast<unsigned long long>(injected), static_cast<unsigned long long>(surfaced));
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryCall, CApiFault, ::testing::ValuesIn(faults()),
+INSTANTIATE_TEST_SUITE_P(EveryCall, CApiFault, ::testing::ValuesIn(all_faults()),
                          [](const auto& info) { return fault_name(info.param); });
 
 }  // namespace

@@ -100,6 +100,25 @@ inline TraceProgram compile_trace(const trace::Trace& t, std::size_t max_ops = 0
   return p;
 }
 
+// One kind of device call to fail: every DeviceCall, and create_chunk failing as the device out
+// of memory.
+struct Fault {
+  DeviceCall call;
+  bool oom = false;  // create_chunk failing as the device out of memory
+};
+
+inline std::string fault_name(const Fault& f) {
+  return std::string(device_call_name(f.call)) + (f.oom ? "_OOM" : "");
+}
+
+inline std::vector<Fault> all_faults() {
+  std::vector<Fault> faults;
+  for (int i = 0; i < static_cast<int>(DeviceCall::count_); ++i)
+    faults.push_back(Fault{static_cast<DeviceCall>(i), false});
+  faults.push_back(Fault{DeviceCall::create_chunk, true});
+  return faults;
+}
+
 // The engine and the device agree on the memory held: every chunk the device has is one the
 // engine counts as reserved, and nothing more.
 inline void expect_no_chunk_lost(const SimulatedDevice& device, const Engine& engine,

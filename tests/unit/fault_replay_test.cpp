@@ -38,6 +38,10 @@
 namespace gmem {
 namespace {
 
+using testing::all_faults;
+using testing::Fault;
+using testing::fault_name;
+
 using testing::compile_trace;
 using testing::kSanitized;
 using testing::TraceProgram;
@@ -49,22 +53,6 @@ constexpr StreamId kSide1 = 0x51de1, kSide2 = 0x51de2;
 
 std::string data_file(const std::string& name) { return std::string(GMEM_TEST_DATA) + "/" + name; }
 
-struct Fault {
-  DeviceCall call;
-  bool oom = false;  // create_chunk failing as the device out of memory
-};
-
-std::string fault_name(const Fault& f) {
-  return std::string(device_call_name(f.call)) + (f.oom ? "_OOM" : "");
-}
-
-std::vector<Fault> all_faults() {
-  std::vector<Fault> faults;
-  for (int i = 0; i < static_cast<int>(DeviceCall::count_); ++i)
-    faults.push_back(Fault{static_cast<DeviceCall>(i), false});
-  faults.push_back(Fault{DeviceCall::create_chunk, true});
-  return faults;
-}
 
 // Figures for README: per fault kind, summed over traces (printed at the end of the run).
 struct Tally {
@@ -373,6 +361,21 @@ void add_tally(std::map<std::string, Tally>& tally, const std::string& name, con
   sum.retries += t.retries;
 }
 
+// Runs a replay; a violated check or an unexpected exception fails the test and counts as a run.
+Tally run_reporting_failures(FaultyReplay& replay) {
+  Tally t;
+  try {
+    t = replay.run();
+  } catch (const Violation& v) {
+    ADD_FAILURE() << v.what();
+    t.runs = 1;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << replay.where(std::string("unexpected exception: ") + e.what());
+    t.runs = 1;
+  }
+  return t;
+}
+
 class FaultReplay : public ::testing::TestWithParam<Fault> {};
 
 TEST_P(FaultReplay, RealTracesSurviveEveryInjectedFailure) {
@@ -380,16 +383,7 @@ TEST_P(FaultReplay, RealTracesSurviveEveryInjectedFailure) {
   std::uint64_t injected = 0;
   for (const TraceProgram& program : programs()) {
     FaultyReplay replay(program, fault, kSanitized ? 0 : 5000);
-    Tally t;
-    try {
-      t = replay.run();
-    } catch (const Violation& v) {
-      ADD_FAILURE() << v.what();
-      t.runs = 1;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << replay.where(std::string("unexpected exception: ") + e.what());
-      t.runs = 1;
-    }
+    const Tally t = run_reporting_failures(replay);
     injected += t.injected;
     add_tally(g_replay_tally, fault_name(fault), t);
   }
@@ -408,16 +402,7 @@ TEST_P(FaultReplay, TightDevicesSurviveEveryInjectedFailure) {
   std::uint64_t injected = 0;
   for (const auto& [index, capacity] : tight) {
     FaultyReplay replay(programs()[index], fault, 0, capacity);
-    Tally t;
-    try {
-      t = replay.run();
-    } catch (const Violation& v) {
-      ADD_FAILURE() << v.what();
-      t.runs = 1;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << replay.where(std::string("unexpected exception: ") + e.what());
-      t.runs = 1;
-    }
+    const Tally t = run_reporting_failures(replay);
     injected += t.injected;
     add_tally(g_tight_tally, fault_name(fault), t);
   }

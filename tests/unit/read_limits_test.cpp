@@ -18,6 +18,7 @@
 
 #include "gmem/error.hpp"
 #include "gmem/trace.hpp"
+#include "temp_files.hpp"
 
 namespace gmem::trace {
 namespace {
@@ -97,20 +98,9 @@ ChildRead read_in_child(const std::string& path, const ReadLimits& limits) {
 constexpr long kBoundedRssKib = 400 * 1024;
 constexpr double kQuickSeconds = 10;  // sanitizer builds included; these took minutes or forever
 
-class ReadLimitsTest : public ::testing::Test {
+class ReadLimitsTest : public testing::TempFiles {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("gmem_limits_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& content) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << content;
-    return path;
-  }
+  ReadLimitsTest() : TempFiles("gmem_limits_test_") {}
   // Reads `path` in a child and expects the error `FILE[:LINE]: exceeds ...`, quickly and bounded.
   void expect_exceeds(const std::string& path, const ReadLimits& limits, const std::string& where,
                       const std::string& problem) {
@@ -119,7 +109,6 @@ class ReadLimitsTest : public ::testing::Test {
     EXPECT_LT(r.seconds, kQuickSeconds);
     EXPECT_LT(r.peak_rss_kib, kBoundedRssKib);
   }
-  std::filesystem::path dir_;
 };
 
 const std::string kHeader = "action,addr,size,stream,time_us,user_frame,lib_frame\n";

@@ -13,29 +13,14 @@
 
 #include "gmem/error.hpp"
 #include "gmem/trace.hpp"
+#include "temp_files.hpp"
 
 namespace gmem::trace {
 namespace {
 
 std::string data_file(const std::string& name) { return std::string(GMEM_TEST_DATA) + "/" + name; }
 
-// A file in a fresh temporary directory, removed with the fixture.
-class TempFiles : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("gmem_trace_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& content) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << content;
-    return path;
-  }
-  std::filesystem::path dir_;
-};
+using testing::TempFiles;
 
 std::map<Action, std::size_t> count_actions(const Trace& t) {
   std::map<Action, std::size_t> counts;
