@@ -337,8 +337,8 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
   std::size_t best = freed_pages_.end();
   std::int64_t best_due = 0;
   int weighed = 0, examined = 0;
-  for (std::size_t k = freed_pages_.begin();
-       k < freed_pages_.end() && weighed < kWeighed && (wait || examined < kExamined); ++k) {
+  std::size_t k = freed_pages_.begin();
+  for (; k < freed_pages_.end() && weighed < kWeighed && (wait || examined < kExamined); ++k) {
     const PageId id = freed_pages_.at(k);
     if (id == detail::kNoPage) continue;
     const Arena& a = *arenas_[detail::arena_of(id)];
@@ -362,6 +362,8 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
       best_due = due;
     }
   }
+  // Entries dropped in this scan (or in earlier ones, further back) are not walked again.
+  best = freed_pages_.close_gaps_before(k, best);
   if (best == freed_pages_.end()) {
     freed_pages_.sweep();
     return kNoChunk;

@@ -2,6 +2,8 @@
 // free chunk to map elsewhere. A page is listed at most once (Page::listed). An entry goes stale
 // when its page is used again or unmapped; it stays until a scan drops it, so that a free (the
 // hot path) only sets a bit and appends, and a steady loop, which never scans, never sweeps.
+// A scan closes the gaps it walked over (close_gaps_before), so no scan walks over the same
+// dropped entry twice: a scan costs what it examines, not what earlier scans dropped.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +32,21 @@ class FreedPages {
       ids_[k] = kNoPage;
       ++holes_;
     }
+  }
+  // Packs the entries before `end` against it, keeping their order, and returns where the
+  // entry at `tracked` went (tracked may be end(): not tracked). Costs end - begin().
+  std::size_t close_gaps_before(std::size_t end, std::size_t tracked) {
+    std::size_t write = end;
+    for (std::size_t k = end; k-- > head_;) {
+      if (ids_[k] == kNoPage) {
+        --holes_;
+        continue;
+      }
+      ids_[--write] = ids_[k];
+      if (k == tracked) tracked = write;
+    }
+    head_ = write;
+    return tracked;
   }
   // Once dropped entries make up half the list, closes the gaps (indices change).
   void sweep() {
