@@ -63,6 +63,11 @@ struct MemoryStats {
   // Derived (Engine::detailed_stats() only): the largest free virtual range backed by memory
   // that is ready to use.
   std::int64_t largest_free_range = 0;
+  // The device as the driver sees it (cuMemGetInfo), and what of it others hold: the CUDA
+  // context, NCCL's buffers, other processes (total - free - gmem's reserved; 0 when unknown).
+  std::int64_t device_total_bytes = 0;
+  std::int64_t device_free_bytes = 0;
+  std::int64_t outside_bytes = 0;
   // Reserved but not allocated, by cause (they add up to reserved - allocated):
   std::int64_t free_mapped_bytes = 0;   // whole pages mapped and free (cached mappings)
   std::int64_t free_unmapped_bytes = 0; // chunks held but not mapped

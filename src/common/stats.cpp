@@ -21,6 +21,9 @@ constexpr std::pair<std::string_view, Scalar> kScalars[] = {
     {"gmem.granularity", &MemoryStats::granularity},
     {"gmem.memory_limit", &MemoryStats::memory_limit},
     {"gmem.largest_free_range", &MemoryStats::largest_free_range},
+    {"gmem.device_total_bytes", &MemoryStats::device_total_bytes},
+    {"gmem.device_free_bytes", &MemoryStats::device_free_bytes},
+    {"gmem.outside_bytes", &MemoryStats::outside_bytes},
     {"gmem.free_mapped_bytes", &MemoryStats::free_mapped_bytes},
     {"gmem.free_unmapped_bytes", &MemoryStats::free_unmapped_bytes},
     {"gmem.partial_page_bytes", &MemoryStats::partial_page_bytes},
@@ -71,12 +74,13 @@ std::optional<std::int64_t> MemoryStats::find(std::string_view name) const {
 }
 
 bool MemoryStats::is_derived(std::string_view name) {
-  return name.starts_with("inactive_split") || name == "gmem.largest_free_range";
+  return name.starts_with("inactive_split") || name == "gmem.largest_free_range" ||
+         name.starts_with("gmem.device_") || name == "gmem.outside_bytes";
 }
 
 std::vector<std::pair<std::string, std::int64_t>> MemoryStats::flatten() const {
   std::vector<std::pair<std::string, std::int64_t>> out;
-  out.reserve(9 * 3 * 4 + 5 + 12);
+  out.reserve(std::size(kPooled) * 3 * 4 + std::size(kScalars));
 
   for (const auto& [name, member] : kPooled) {
     for (int pool = kAllPools; pool <= kLargePool; ++pool) {

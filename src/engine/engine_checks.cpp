@@ -15,6 +15,14 @@ using detail::NodeId;
 using detail::Page;
 
 MemoryStats Engine::Impl::stats(bool derived) const {
+  // Asked before the lock: a driver call, and the device layer is thread-safe on its own.
+  DeviceMemInfo device{};
+  if (derived) {
+    try {
+      device = device_.mem_info();
+    } catch (const DeviceError&) {  // unknown: reported as 0
+    }
+  }
   std::lock_guard lock(mutex_);
   MemoryStats s = stats_;
   const auto gran = static_cast<std::int64_t>(granularity_);
@@ -34,6 +42,11 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   if (!derived) return s;
 
   s.largest_free_range = static_cast<std::int64_t>(largest_free_range());
+  s.device_total_bytes = static_cast<std::int64_t>(device.total);
+  s.device_free_bytes = static_cast<std::int64_t>(device.free);
+  if (device.total > 0)
+    s.outside_bytes = std::max<std::int64_t>(
+        0, s.device_total_bytes - s.device_free_bytes - s.reserved_bytes[kAllPools].current);
   // Inactive split: free bytes sharing a page with used ranges (large) or a slab with live
   // slots (small); peaks are those seen by detailed_stats() calls.
   std::int64_t split_ranges = 0, split_slabs = 0;

@@ -88,7 +88,7 @@ TEST(Stats, FlattensUnderPyTorchNames) {
   const auto flat = stats.flatten();
   std::map<std::string, std::int64_t> by_name(flat.begin(), flat.end());
   EXPECT_EQ(by_name.size(), flat.size()) << "names must be unique";
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 5 + 13);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 5 + 16);
   EXPECT_EQ(flat.front().first, "allocated_bytes.all.current");
 
   EXPECT_EQ(by_name.at("allocated_bytes.all.current"), 3072);
@@ -116,7 +116,8 @@ TEST(Stats, FlattensUnderPyTorchNames) {
   for (const char* name : {"num_alloc_retries", "num_device_alloc", "num_device_free",
                            "gmem.num_maps", "gmem.num_unmaps", "gmem.num_stitches",
                            "gmem.chunks_held", "gmem.chunks_mapped", "gmem.memory_limit",
-                           "gmem.largest_free_range", "gmem.free_mapped_bytes",
+                           "gmem.largest_free_range", "gmem.device_total_bytes", "gmem.device_free_bytes",
+                           "gmem.outside_bytes", "gmem.free_mapped_bytes",
                            "gmem.free_unmapped_bytes", "gmem.partial_page_bytes"}) {
     EXPECT_EQ(by_name.count(name), 1u) << name;
   }

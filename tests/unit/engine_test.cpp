@@ -263,6 +263,28 @@ TEST(Engine, DeviceOutOfMemoryIsReportedAsSuch) {
   engine.check_invariants();
 }
 
+TEST(Engine, DetailedStatsSayWhatIsHeldOutsideGmem) {
+  // The CUDA context, NCCL and other processes hold memory gmem never sees: the device's total
+  // less what is free less what gmem holds. Asked of the device only for the detailed stats.
+  SimDeviceOptions o = device_of(128 * MiB);
+  o.used_by_others = 24 * MiB;
+  SimulatedDevice device(o);
+  Engine engine(device);
+  void* p = engine.malloc(10 * MiB);
+  const std::size_t asked = device.calls(DeviceCall::mem_info);
+  const MemoryStats quick = engine.stats();
+  EXPECT_EQ(quick.outside_bytes, 0);
+  EXPECT_EQ(device.calls(DeviceCall::mem_info), asked);  // polled stats ask nothing of the driver
+  const MemoryStats s = engine.detailed_stats();
+  EXPECT_EQ(s.device_total_bytes, static_cast<std::int64_t>(128 * MiB));
+  EXPECT_EQ(s.device_free_bytes, static_cast<std::int64_t>(128 * MiB - 24 * MiB) - s.reserved_bytes[kAllPools].current);
+  EXPECT_EQ(s.outside_bytes, static_cast<std::int64_t>(24 * MiB));
+  EXPECT_EQ(s.find("gmem.outside_bytes"), s.outside_bytes);
+  EXPECT_TRUE(MemoryStats::is_derived("gmem.outside_bytes"));
+  EXPECT_TRUE(MemoryStats::is_derived("gmem.device_free_bytes"));
+  engine.free(p);
+}
+
 TEST(Engine, EmptyCacheGivesEveryFreeChunkBack) {
   SimulatedDevice device;
   Engine engine(device);
