@@ -103,6 +103,10 @@ def step():
     Also clears this thread's scopes left open by backward hooks that never fired."""
     _clear_backward_scopes()
     _lib.check(_c().gmem_step())
+    # In a torch.distributed job, this rank's memory goes to the store, so that a rank that runs
+    # out of memory can say what the others held (gmem.distributed.peers).
+    from . import distributed
+    distributed.publish()
 
 
 def annotate(text):

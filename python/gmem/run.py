@@ -31,15 +31,37 @@ def main(argv=None):
 
         gmem_torch.enable()
 
-    if argv[0] == "-m":
-        sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = argv
-        # As `python script.py` would: the script's folder comes first on the path.
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
+    try:
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            # As `python script.py` would: the script's folder comes first on the path.
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except BaseException as e:
+        if _is_out_of_memory(e):
+            _report_ranks()
+        raise
     return 0
+
+
+def _is_out_of_memory(error):
+    names = {cls.__name__ for cls in type(error).__mro__}
+    return "OutOfMemoryError" in names
+
+
+def _report_ranks():
+    """In a torch.distributed job: which rank died, and what the others held (best effort,
+    bounded wait: the other ranks may be stuck waiting for this one)."""
+    try:
+        from gmem import distributed
+        text = distributed.oom_context(timeout=2.0)
+    except Exception as e:  # the report must not hide the out-of-memory error itself
+        text = "gmem: no cross-rank report (%s)" % e
+    if text:
+        print("gmem: " + text, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import warnings
 from . import _lib, _shim, _summary, memory
 from .errors import GmemError
 from .observe import track_modules  # noqa: F401  (gmem.torch.track_modules(model))
+from .distributed import summary as distributed_summary  # noqa: F401  (one row per rank)
 
 # torch.cuda functions answered by gmem while it is the allocator (in torch.cuda and
 # torch.cuda.memory, which hold separate references).
