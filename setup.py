@@ -79,8 +79,13 @@ class BuildPy(build_py):
     """build_py, plus libgmem.so and the CLI from CMake copied into the built package."""
 
     def run(self):
+        editable = getattr(self, "editable_mode", False)
+        if not editable:
+            # setuptools never empties build_lib: a file since removed from python/gmem would
+            # otherwise stay in every later wheel. (The CMake build is elsewhere, in build_temp.)
+            shutil.rmtree(os.path.join(self.build_lib, "gmem"), ignore_errors=True)
         super().run()
-        if getattr(self, "editable_mode", False):
+        if editable:
             # `pip install -e .` imports python/gmem in place, and gmem/_lib.py then finds
             # build/libgmem.so in the repository: build that with CMake (README's first command).
             print("gmem: editable install: libgmem.so is not built here; gmem uses "

@@ -1,19 +1,24 @@
 """The `gmem` command that `pip install .` puts on PATH: runs the CLI binary (gmem replay,
-summary, leaks...) that the install built and placed in the package, gmem/bin/gmem."""
+summary, leaks...) that the install built into the package as gmem/bin/gmem, or, in an editable
+install, the repository's build/gmem."""
 
 import os
 import sys
 
-BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "gmem")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+CANDIDATES = (os.path.join(_HERE, "bin", "gmem"),
+              os.path.join(os.path.dirname(os.path.dirname(_HERE)), "build", "gmem"))
 
 
 def main():
-    if not os.access(BINARY, os.X_OK):
-        sys.stderr.write("gmem: the command-line tool is not in this installation (no %s); it is "
-                         "built by `pip install .` from the repository, or by CMake as build/gmem\n"
-                         % BINARY)
-        return 127
-    os.execv(BINARY, ["gmem"] + sys.argv[1:])  # replaces this process: exit status and signals pass through
+    for binary in CANDIDATES:
+        if os.path.isfile(binary) and os.access(binary, os.X_OK):
+            # Replaces this process: the exit status and signals are the binary's own.
+            os.execv(binary, ["gmem"] + sys.argv[1:])
+    sys.stderr.write("gmem: the command-line tool is not in this installation (looked at %s); "
+                     "`pip install .` from the repository builds it into the package, CMake builds "
+                     "it as build/gmem\n" % ", ".join(CANDIDATES))
+    return 127
 
 
 if __name__ == "__main__":
