@@ -107,6 +107,9 @@ class BinaryDistribution(Distribution):
 
 
 os.makedirs(os.path.join(ROOT, BUILD_BASE), exist_ok=True)  # egg_info wants egg_base to exist
+# egg_info adds the files of an existing SOURCES.txt to the package's: a file that leaves the
+# package data (or MANIFEST.in) would stay in every later wheel. Start from the sources alone.
+shutil.rmtree(os.path.join(ROOT, BUILD_BASE, "gmem.egg-info"), ignore_errors=True)
 setup(
     version=version(),
     distclass=BinaryDistribution,
