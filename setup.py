@@ -19,10 +19,23 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
+import setuptools
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 from setuptools.errors import SetupError
+
+try:
+    import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70.1 makes wheels itself)
+except ImportError:
+    try:
+        import wheel  # noqa: F401  (older setuptools need the wheel package for bdist_wheel)
+    except ImportError:
+        # pip shows this when the build fails with "invalid command 'bdist_wheel'".
+        print("gmem: this setuptools (%s) needs the wheel package to build a wheel; install it "
+              "(Debian: python3-wheel) or use a Python that has it" % setuptools.__version__,
+              file=sys.stderr)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BUILD_BASE = "build-pip"
