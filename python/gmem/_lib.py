@@ -2,7 +2,7 @@
 
 Where the library is looked for, first match wins:
   1. the environment variable GMEM_LIBRARY (a path to the .so);
-  2. libgmem.so next to this package (a copy installed with it);
+  2. libgmem.so next to this package (`pip install .` puts it there);
   3. build/libgmem.so in the repository this package lives in.
 """
 
@@ -68,8 +68,9 @@ def _load():
             break
     else:
         raise GmemError(
-            "libgmem.so not found; looked at: %s. Build it (cmake -S . -B build && cmake --build "
-            "build) or point GMEM_LIBRARY at it." % ", ".join(candidates))
+            "libgmem.so not found; looked at: %s. Install gmem with `pip install .` from the "
+            "repository (it builds the library into the package), or build it (cmake -S . -B build "
+            "&& cmake --build build) or point GMEM_LIBRARY at it." % ", ".join(candidates))
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
