@@ -22,10 +22,19 @@ extern "C" {
 #endif
 
 /* Starts tracking `device`'s allocations. history_capacity: events kept (0 = the default,
- * 16384); capture_backtrace: nonzero records a C++ backtrace per allocation (about 1-10 us
- * each) instead of the thread's frames set with gmem_set_frames. Enabling again changes nothing.
- * Allocations made before remain untracked (snapshots list them without call sites). */
-gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int capture_backtrace);
+ * 16384); stacks: where each allocation's call site comes from,
+ *   GMEM_STACKS_THREAD (0)  the thread's frames set with gmem_set_frames (and scopes),
+ *   GMEM_STACKS_CPP (1)     a C++ backtrace per allocation (about 1-10 us each),
+ *   GMEM_STACKS_PYTHON (2)  the allocating thread's Python stack, read from C++ (the GIL is taken
+ *                           for the walk; a stack seen before costs no strings); threads without
+ *                           Python, and processes without it, fall back to the thread's frames.
+ * Enabling again changes nothing. Allocations made before remain untracked (snapshots list them
+ * without call sites). */
+enum { GMEM_STACKS_THREAD = 0, GMEM_STACKS_CPP = 1, GMEM_STACKS_PYTHON = 2 };
+gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int stacks);
+/* Python files whose path starts with `prefix` are left out of captured Python stacks (the
+ * Python package passes its own folder). NULL or "" leaves none out. */
+gmem_status_t gmem_python_stacks_skip(const char* prefix);
 /* Stops recording. Queries (snapshots, OOM reports, summaries by site) then answer as without
  * tracking: what was recorded is no longer read. */
 gmem_status_t gmem_tracking_disable(int device);

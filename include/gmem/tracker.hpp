@@ -45,6 +45,14 @@ void set_current(FramesId id) noexcept;
 FramesId current() noexcept;
 // The C++ call stack here, skipping `skip` innermost frames; symbolised only when read.
 FramesId capture_backtrace(int skip = 0, int depth = 32);
+// The calling thread's Python stack, innermost first (0 in a process without Python, on a
+// thread Python never ran on, while the interpreter shuts down, or when the thread has frames
+// set: those are the program's choice). Takes the GIL for the walk.
+FramesId capture_python(int skip = 0, int depth = 32);
+// Python files under `prefix` (gmem's own package) are left out of captured stacks.
+void skip_python_files(std::string_view prefix);
+// Whether this process runs a Python interpreter capture_python can read.
+bool python_available();
 // The frames of `id`, innermost first (empty for 0 or an unknown id).
 std::vector<Frame> get(FramesId id);
 // "file:line:function" lines, innermost first.
@@ -63,6 +71,8 @@ struct TrackerOptions {
   bool capture_backtrace = false;          // a C++ backtrace per allocation instead of the
                                            // thread's current frames
   int backtrace_depth = 32;
+  bool capture_python = false;             // the allocating thread's Python stack (where it has
+                                           // one; else the thread's current frames)
 };
 
 enum class EventKind : std::uint8_t { alloc, free, map, unmap, oom, step, annotation };

@@ -32,6 +32,7 @@ _size_p = ctypes.POINTER(ctypes.c_size_t)
 # name: (restype, argtypes), from include/gmem/gmem_observe.h
 _PROTOTYPES = {
     "gmem_tracking_enable": (_status, [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]),
+    "gmem_python_stacks_skip": (_status, [ctypes.c_char_p]),
     "gmem_tracking_disable": (_status, [ctypes.c_int]),
     "gmem_tracking_enabled": (ctypes.c_int, [ctypes.c_int]),
     "gmem_scope_push": (_status, [ctypes.c_char_p]),
@@ -79,12 +80,25 @@ def _bytes(text):
 # --- tracking ---------------------------------------------------------------------------------
 
 
-def enable_tracking(device=None, history=16384, backtrace=False):
+_STACKS = {"thread": 0, "cpp": 1, "python": 2}
+
+
+def enable_tracking(device=None, history=16384, backtrace=False, stacks="python"):
     """Records every allocation on `device` from now on: size, stream, time, step, scope and call
     site, plus a history of the last `history` events (56 bytes each; a history larger than the
-    CPU's L2 cache slows every malloc down, see README). backtrace=True also takes a C++ backtrace
-    per allocation (slow: microseconds each). Allocations made before stay untracked."""
-    _lib.check(_c().gmem_tracking_enable(device_index(device), int(history), 1 if backtrace else 0))
+    CPU's L2 cache slows every malloc down, see README). Allocations made before stay untracked.
+
+    stacks: where call sites come from. "python" (the default): each allocation's Python stack,
+    read by libgmem from C++ (PyTorch's operators included, which call the allocator with the
+    GIL released; gmem's own files left out); threads without a Python stack (autograd's) use
+    "thread". "thread": only what set_frames()/scope() set. "cpp" (or backtrace=True): a C++
+    backtrace per allocation (slow: microseconds each)."""
+    if backtrace:
+        stacks = "cpp"
+    if stacks not in _STACKS:
+        raise ValueError("stacks must be one of %s, not %r" % (", ".join(_STACKS), stacks))
+    _skip_own_files()
+    _lib.check(_c().gmem_tracking_enable(device_index(device), int(history), _STACKS[stacks]))
 
 
 def disable_tracking(device=None):
@@ -117,6 +131,10 @@ def annotate(text):
 # --- call sites -------------------------------------------------------------------------------
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _skip_own_files():
+    _lib.check(_c().gmem_python_stacks_skip(_bytes(_PACKAGE_DIR + os.sep)))
 
 
 def python_stack(skip=0, limit=32):

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "capi/observe.hpp"
+#include "gmem/error.hpp"
 #include "gmem/oom_report.hpp"
 #include "gmem/scope.hpp"
 #include "gmem/snapshot.hpp"
@@ -122,17 +123,28 @@ using gmem::capi::run_guarded;
 
 extern "C" {
 
-gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int capture_backtrace) {
+gmem_status_t gmem_tracking_enable(int device, size_t history_capacity, int stacks) {
   return run_guarded("gmem_tracking_enable", [&] {
+    if (stacks < GMEM_STACKS_THREAD || stacks > GMEM_STACKS_PYTHON)
+      throw gmem::Error(gmem::Errc::invalid_argument,
+                        "stacks must be GMEM_STACKS_THREAD (0), _CPP (1) or _PYTHON (2), not " +
+                            std::to_string(stacks));
     gmem::capi::DeviceContext& context = gmem::capi::context(device);
     gmem::capi::Observers& o = gmem::capi::observers();
     std::lock_guard lock(o.mutex);
     if (gmem::capi::slot(context).load() != nullptr) return;
     gmem::TrackerOptions options;
     if (history_capacity != 0) options.history_capacity = history_capacity;
-    options.capture_backtrace = capture_backtrace != 0;
+    options.capture_backtrace = stacks == GMEM_STACKS_CPP;
+    options.capture_python = stacks == GMEM_STACKS_PYTHON;
     o.trackers.push_back(std::make_unique<gmem::Tracker>(*context.engine, options));
     gmem::capi::slot(context).store(o.trackers.back().get(), std::memory_order_release);
+  });
+}
+
+gmem_status_t gmem_python_stacks_skip(const char* prefix) {
+  return run_guarded("gmem_python_stacks_skip", [&] {
+    gmem::frames::skip_python_files(prefix != nullptr ? prefix : "");
   });
 }
 

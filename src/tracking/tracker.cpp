@@ -51,7 +51,7 @@ class Tracker::Impl {
  public:
   Impl(Engine::Impl& engine, Engine& owner, TrackerOptions options)
       : engine_(engine), owner_(owner), options_(options),
-        log_(options, [](int skip, int depth) { return frames::capture_backtrace(skip, depth); }) {
+        log_(options, options.capture_backtrace ? &frames::capture_backtrace : &frames::capture_python) {
     detail::tick_origin();
     std::lock_guard lock(engine_.mutex_);
     if (engine_.observer_ != nullptr)

@@ -45,12 +45,16 @@ class TrackingLog final : public EngineObserver {
  public:
   using Backtrace = FramesId (*)(int skip, int depth);
 
-  // `capture`: how to take a C++ call stack when options.capture_backtrace is set (passed in so
-  // that the engine's library does not link the symboliser).
+  // `capture`: how to take a call stack when options.capture_backtrace or capture_python is set
+  // (passed in so that the engine's library does not link the symboliser). A Python stack is
+  // taken for mallocs only (frees would each take the GIL), and a thread without one (0) keeps
+  // its current frames.
   TrackingLog(const TrackerOptions& options, Backtrace capture)
       : ring_(options.history_capacity),
-        backtrace_(options.capture_backtrace ? capture : nullptr),
-        backtrace_depth_(options.backtrace_depth + 4),  // gmem's own frames are dropped later
+        backtrace_(options.capture_backtrace || options.capture_python ? capture : nullptr),
+        backtrace_depth_(options.backtrace_depth + (options.capture_backtrace ? 4 : 0)),  // gmem's
+                                                                  // own C++ frames are dropped later
+        frees_too_(options.capture_backtrace),
         tick_(ticks()) {}
 
   // A C++ backtrace for the malloc about to be made, when the options ask for one (else 0). Taken
@@ -58,7 +62,7 @@ class TrackingLog final : public EngineObserver {
   FramesId backtrace() const { return backtrace_ ? backtrace_(0, backtrace_depth_) : 0; }
 
   ContextCapture context_capture() const override {
-    return {backtrace_, backtrace_depth_, logs_frees()};
+    return {backtrace_, backtrace_depth_, frees_too_ && logs_frees()};
   }
 
   // A malloc succeeded at `addr`: fills in its tag and logs it. `trace`: from backtrace().
@@ -70,7 +74,7 @@ class TrackingLog final : public EngineObserver {
     tag.tick = tick_;
     tag.step = step_;
     tag.scope = thread.scope;
-    tag.frames = backtrace_ ? trace : thread.frames;
+    tag.frames = trace != 0 ? trace : thread.frames;
     ring_.push(RawEvent{tag.tick, addr, size, stream, tag.id, step_, tag.scope, tag.frames,
                         EventKind::alloc});
   }
@@ -83,7 +87,7 @@ class TrackingLog final : public EngineObserver {
       return;
     }
     if (!logs_frees()) return;
-    const FramesId site = backtrace_ ? trace : thread_context().frames;
+    const FramesId site = trace != 0 ? trace : thread_context().frames;
     ring_.push(RawEvent{tick_, addr, size, stream, tag.id, step_, tag.scope, site,
                         EventKind::free});
   }
@@ -135,6 +139,7 @@ class TrackingLog final : public EngineObserver {
   HistoryRing<RawEvent> ring_;
   Backtrace backtrace_;
   int backtrace_depth_;
+  bool frees_too_;
   std::uint64_t tick_;
   std::uint64_t next_id_ = 0;
   std::uint32_t step_ = 0;

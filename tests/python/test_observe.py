@@ -5,6 +5,7 @@ stand-in for torch's modules and tensors; test_observe_gpu below runs the real t
 import json
 import os
 import pickle
+import sys
 import tempfile
 import threading
 import unittest
@@ -63,7 +64,13 @@ class TrackingTest(ObserveTestCase):
         self.assertEqual(blocks[inner]["scope"], "train/forward")
         self.assertEqual(blocks[outer]["scope"], "train")
         self.assertEqual(blocks[bare]["scope"], "")
-        self.assertEqual(blocks[bare]["frames"], 0)  # the scope's stack was put back on exit
+        # The scope's stack was put back on exit: the bare block's site is its own Python stack,
+        # read by libgmem (the helper that called gmem.malloc, then this test; gmem's files left
+        # out).
+        bare_stack = frames[str(blocks[bare]["frames"])]
+        self.assertEqual([f["name"] for f in bare_stack[:2]],
+                         ["malloc", "test_scopes_nest_and_record_the_stack"])
+        self.assertEqual(bare_stack[0]["filename"], THIS_FILE)
         stack = frames[str(blocks[inner]["frames"])]
         self.assertEqual(stack[0]["filename"], THIS_FILE)  # innermost: where the scope began
         self.assertEqual(stack[0]["name"], "test_scopes_nest_and_record_the_stack")
@@ -115,6 +122,54 @@ class TrackingTest(ObserveTestCase):
             t.join()
         self.live.append(seen["p"])
         self.assertEqual(self.block(seen["p"])["scope"], "")
+
+
+class PythonStacksTest(ObserveTestCase):
+    """Call sites read by libgmem from C++ (stacks="python", the default): no set_frames needed."""
+
+    def test_the_line_that_allocated_is_the_site(self):
+        def load_batch():
+            line = sys._getframe().f_lineno + 1
+            return self.malloc(5 * MiB), line
+
+        p, line = load_batch()
+        snap = observe.snapshot()
+        stack = snap["frames"][str(self.block(p)["frames"])]
+        names = [f["name"] for f in stack]
+        self.assertEqual(names[:3], ["malloc", "load_batch", "test_the_line_that_allocated_is_the_site"])
+        self.assertEqual(stack[1], {"filename": THIS_FILE, "line": line, "name": "load_batch"})
+        self.assertFalse(any("/gmem/" in f["filename"] for f in stack), stack)  # gmem's own files
+
+    def test_one_site_interned_once_and_threads_have_their_own(self):
+        def make():
+            return gmem.malloc(4096)
+
+        first, second = make(), make()
+        self.live += [first, second]
+        self.assertEqual(self.block(first)["frames"], self.block(second)["frames"])
+        seen = {}
+
+        def worker():
+            seen["p"] = gmem.malloc(8192)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        self.live.append(seen["p"])
+        stack = observe.snapshot()["frames"][str(self.block(seen["p"])["frames"])]
+        self.assertEqual(stack[0]["name"], "worker")
+
+    def test_thread_mode_and_bad_modes(self):
+        code = ("import gmem\n"
+                "gmem.enable_tracking(stacks='thread')\n"
+                "p = gmem.malloc(4096)\n"
+                "b = [b for s in gmem.snapshot()['segments'] for b in s['blocks'] if b['address'] == p][0]\n"
+                "print(b['frames'])\n")
+        result = run_python(["-c", code])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), "0")
+        with self.assertRaises(ValueError):
+            observe.enable_tracking(stacks="perl")
 
 
 class SnapshotPickleTest(ObserveTestCase):

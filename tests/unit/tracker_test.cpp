@@ -374,6 +374,27 @@ TEST(Tracker, SiteIsTheProgramsOwnFrame) {
 [[gnu::noinline]] void* malloc_here(Engine& engine) { return engine.malloc(512, 0); }
 [[gnu::noinline]] void* malloc_there(Engine& engine) { return engine.malloc(512, 0); }
 
+TEST_F(TrackerTest, PythonStacksFallBackToTheThreadsFramesWithoutPython) {
+  // This test binary runs no Python interpreter: asking for Python stacks must cost nothing and
+  // leave each allocation the frames its thread set.
+  ASSERT_FALSE(frames::python_available());
+  EXPECT_EQ(frames::capture_python(0, 16), 0u);
+  TrackerOptions options;
+  options.capture_python = true;
+  Tracker tracker(engine, options);
+  frames::set_current("model.py:10:forward");
+  void* p = engine.malloc(4096, 0);
+  frames::set_current("");
+  void* q = engine.malloc(4096, 0);
+  const TrackerState s = tracker.state();
+  for (const LiveAllocation& l : s.live) {
+    if (l.addr == addr_of(p)) EXPECT_EQ(frames::to_text(l.frames), "model.py:10:forward");
+    if (l.addr == addr_of(q)) EXPECT_EQ(l.frames, 0u);
+  }
+  engine.free(p);
+  engine.free(q);
+}
+
 TEST_F(TrackerTest, CapturesBacktracesWhenAsked) {
   Tracker tracker(engine, TrackerOptions{100, true, 16});
   void* here[2];
