@@ -24,7 +24,7 @@ std::string since_start(std::int64_t us) {
 
 std::string steps_line(const LeakReport& report) {
   std::string line = std::to_string(report.periods) + " step boundaries";
-  if (report.steps_marked) return line + ", from the file's " + report.period_source;
+  if (report.steps_marked) return line + ", from " + report.period_source;
   if (report.periods == 0) return line + ": the file has no step markers and none could be inferred";
   return line + ", inferred from " + report.period_source + " (the file has no step markers)";
 }

@@ -67,7 +67,7 @@ TEST(LeaksInGmemSnapshots, UseTheStepMarkers) {
   EXPECT_EQ(r.leaks[0].bytes_per_step, static_cast<std::int64_t>(3 * MiB));
 
   const std::string text = format_leaks(r);
-  EXPECT_NE(text.find("15 step boundaries, from the file's gmem.step() markers"), std::string::npos) << text;
+  EXPECT_NE(text.find("15 step boundaries, from gmem.step() markers"), std::string::npos) << text;
   EXPECT_NE(text.find("cause: leak: scope model.1 keeps +3.00 MiB a step"), std::string::npos) << text;
   EXPECT_EQ(text.find("<gmem scope>"), std::string::npos) << text;
   EXPECT_NE(text.find(" ms into the trace"), std::string::npos) << text;  // not epoch microseconds
