@@ -15,8 +15,8 @@ namespace {
 constexpr int kWidth = 75;  // inside the | borders, as PyTorch's
 
 // PyTorch's _format_size: the unit is chosen by `scale` (the column's "all pools" value), or by
-// the value itself when it is larger (a pool's running total can exceed all's when the engine
-// moves chunks between pools), so that it always fits its 10 columns.
+// the value itself when it is larger (a pool's peak can exceed all's: peaks are reached at
+// different times), so that it always fits its 10 columns.
 std::string format_size(std::int64_t bytes, std::int64_t scale) {
   static const char* units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int unit = 0;
@@ -118,6 +118,10 @@ void gmem_rows(Table& table, const MemoryStats& stats, const std::vector<TopAllo
   table.line(" " + pad("Chunks held / mapped", 21) + " | " + std::to_string(stats.chunks_held) + " / " +
              std::to_string(stats.chunks_mapped) + ", " + format_bytes(static_cast<std::uint64_t>(stats.granularity)) +
              " each");
+  // The table's "GPU reserved chunks" counts the small pool's slabs as well as the chunks.
+  table.line(" " + pad("Reserved chunks", 21) + " | " + std::to_string(stats.segment[kAllPools].current) +
+             " = " + std::to_string(stats.segment[kLargePool].current) + " chunks + " +
+             std::to_string(stats.segment[kSmallPool].current) + " small-pool slabs");
   table.line(" " + pad("Maps / unmaps", 21) + " | " + std::to_string(stats.num_maps) + " / " +
              std::to_string(stats.num_unmaps) + ", stitched mallocs: " + std::to_string(stats.num_stitches));
   if (top.empty()) return;
