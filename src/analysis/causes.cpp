@@ -114,7 +114,8 @@ Diagnosis diagnose(const CauseEvidence& e) {
                  " steps)";
     if (e.leaks.size() > 1)
       d.evidence += ", " + std::to_string(e.leaks.size() - 1) + " more site" + (e.leaks.size() > 2 ? "s" : "") + " too";
-    d.evidence += "; " + bytes(d.leaked) + " kept" + percent_of(d.leaked, e.allocated);
+    d.evidence += "; " + bytes(d.leaked) + (failed ? " kept" + percent_of(d.leaked, e.allocated)
+                                                   : " kept by the last step");
     if (over) d.evidence += ", more than the " + bytes(shortfall) + " the request was short";
     else if (failed) d.evidence += "; " + needs + ", which fits under " + where;
     d.advice.push_back(leak_fix(top));

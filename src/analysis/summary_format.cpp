@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "common/json.hpp"
+#include "gmem/causes.hpp"
 #include "gmem/engine.hpp"
 #include "gmem/error.hpp"
 #include "gmem/summary.hpp"
@@ -138,7 +140,32 @@ void gmem_rows(Table& table, const MemoryStats& stats, const std::vector<TopAllo
   }
 }
 
+// Text as table lines of at most `width` columns, broken between words.
+void wrapped(Table& table, const std::string& text, std::size_t width) {
+  std::string line;
+  std::istringstream words(text);
+  for (std::string word; words >> word;) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      table.line(" " + line);
+      line = "  ";
+    }
+    line += (line.empty() || line == "  " ? "" : " ") + word;
+  }
+  if (!line.empty()) table.line(" " + line);
+}
+
 }  // namespace
+
+std::string summary_cause(const MemoryStats& stats, const std::vector<LeakFinding>& leaks, std::uint64_t steps) {
+  CauseEvidence e;
+  e.allocated = static_cast<std::size_t>(stats.allocated_bytes[kAllPools].current);
+  e.reserved = static_cast<std::size_t>(stats.reserved_bytes[kAllPools].current);
+  e.stranded = static_cast<std::size_t>(stats.partial_page_bytes + stats.small_slack_bytes);
+  e.steps = steps;
+  e.leaks = leaks;
+  const Diagnosis d = diagnose(e);
+  return "cause: " + d.name + ": " + d.evidence;
+}
 
 std::vector<TopAllocation> top_sites(const std::vector<std::pair<std::string, std::int64_t>>& live,
                                      std::size_t n) {
@@ -181,6 +208,10 @@ std::string format_summary(const MemoryStats& stats, const std::vector<TopAlloca
   metric_rows(table, stats.segment, "GPU reserved chunks", format_count, brief);
   metric_rows(table, stats.inactive_split, "Non-releasable allocs", format_count, brief);
   gmem_rows(table, stats, top);
+  if (!options.cause.empty()) {
+    table.rule('=');
+    wrapped(table, options.cause, kWidth - 2);
+  }
   table.rule('=');
   return table.str();
 }
@@ -189,6 +220,7 @@ std::string summary_json(const MemoryStats& stats, const std::vector<TopAllocati
                          const SummaryOptions& options) {
   json::Writer w;
   w.begin_object().field("device", std::string_view(options.device)).field("note", std::string_view(options.note));
+  w.field("cause", std::string_view(options.cause));
   w.key("stats").begin_object();
   for (const auto& [name, value] : stats.flatten()) w.field(name, value);
   w.end_object();

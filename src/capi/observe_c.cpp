@@ -145,6 +145,12 @@ std::vector<TopAllocation> tracked_top(DeviceContext& context, std::size_t n) {
   return top;
 }
 
+std::string tracked_cause(DeviceContext& context, const MemoryStats& stats) {
+  const Tracker* tracker = slot(context).load(std::memory_order_acquire);
+  if (tracker == nullptr) return {};
+  return summary_cause(stats, tracker->leak_suspects(), tracker->current_step());
+}
+
 }  // namespace gmem::capi
 
 using gmem::capi::copy_text_out;

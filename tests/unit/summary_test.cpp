@@ -212,6 +212,18 @@ TEST(TraceSummary, TinyLeakAtItsPeakIsHeldByTheKeptOutputsLine) {
   EXPECT_NE(table.find("capture2.py:73:run"), std::string::npos);
 }
 
+// The summary decides the cause as OOM reports and `gmem leaks` do, from the whole trace's leak test.
+TEST(TraceSummary, EndsWithTheCause) {
+  const TraceSummary leaking = summarize_trace(trace::read_trace(data("leak_losses")));
+  EXPECT_TRUE(leaking.options().cause.starts_with("cause: leak: capture.py:66:run keeps +5.00 MiB a step"))
+      << leaking.options().cause;
+  EXPECT_NE(format_summary(leaking.stats, leaking.top, leaking.options()).find("| cause: leak: capture.py:66:run"),
+            std::string::npos);
+  const TraceSummary clean = summarize_trace(trace::read_trace(data("resnet50")));
+  EXPECT_TRUE(clean.options().cause.starts_with("cause: none: no site keeps more memory alive"))
+      << clean.options().cause;
+}
+
 // Totals are the sums of their parts, in every trace of tests/data, at its end and at its peak:
 // every pooled statistic's all-pools current, total allocated and total freed are the pools' sums;
 // reserved - allocated splits into its four causes; the reserved chunks are the chunks held plus the
