@@ -10,6 +10,7 @@
     gmem.snapshot()                         # dict (docs/snapshot-schema.md)
     gmem.dump_snapshot("mem.pickle")        # open at https://pytorch.org/memory_viz
     gmem.last_oom_report()                  # why the last allocation failed, and what to do
+    gmem.leaks()                            # the leak findings so far, and the cause
 
 Scopes and call sites are per thread. Python stacks are recorded where this module sets them
 (scope entry, module calls with track_modules(stacks=True), set_frames()): PyTorch's allocator
@@ -195,8 +196,9 @@ def dump_snapshot(path, device=None):
 def last_oom_report(device=None, as_json=False):
     """The report of the last failed allocation (on any device when device is None): the
     request, the limit, the device's memory and who else holds it, what gmem holds, the cause
-    (live memory, fragmentation, or memory held outside gmem), the largest holders by scope and
-    call site, leak suspects, and what to do. A str (a dict with as_json=True); None if no
+    with its evidence (leak, memory held outside gmem, batch too large, model and state too
+    large, live memory, fragmentation: README, "What is the cause?"), the largest holders by scope
+    and call site, leak suspects, and what to do, the fix for the cause first. A str (a dict with as_json=True); None if no
     allocation has failed."""
     dev = -1 if device is None else device_index(device)
     fn = _c().gmem_oom_report_json if as_json else _c().gmem_oom_report_text
