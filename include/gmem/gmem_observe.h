@@ -74,6 +74,13 @@ gmem_status_t gmem_snapshot_pickle(int device, const char* path);
 gmem_status_t gmem_oom_report_text(int device, char* buf, size_t size, size_t* needed);
 gmem_status_t gmem_oom_report_json(int device, char* buf, size_t size, size_t* needed);
 
+/* The leak findings so far on `device`: the sites whose memory kept across steps (gmem_step)
+ * grows step after step, with the cause decided as in OOM reports, as `gmem leaks` prints them or
+ * as its JSON (plus "text": the same report as text, from the same findings). Times count from
+ * when tracking began. Fails with GMEM_ERROR_INVALID_ARGUMENT when `device` is not tracked. */
+gmem_status_t gmem_leaks_text(int device, char* buf, size_t size, size_t* needed);
+gmem_status_t gmem_leaks_json(int device, char* buf, size_t size, size_t* needed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -89,18 +89,25 @@ struct LeakReport {
   std::string trace_name;
   std::vector<LeakFinding> leaks;
   std::size_t periods = 0;    // steps (step boundaries) used
-  std::string period_source;  // "live-memory minima", "recurring allocation" or "none"
+  // Where the steps came from: the trace's markers (Trace::steps_source: "gmem.step() markers",
+  // "annotation '...'") or, inferred, "live-memory minima", "recurring allocation"; "none".
+  std::string period_source;
+  bool steps_marked = false;  // from the trace's markers, not inferred
+  std::int64_t start_us = 0;  // time of the trace's first event: reports give times from it
 };
 
-// Runs the detector over a trace. PyTorch traces carry no step markers: steps are inferred from the
-// deep minima of live memory (a training loop returns to its baseline between steps) or, when live
-// memory never falls back (inference keeping its outputs), from the most frequent allocation.
-// Only events up to the last boundary count: the teardown after the loop frees everything.
+// Runs the detector over a trace. Steps are the trace's step markers where it has them (gmem's
+// snapshots carry gmem.step(); PyTorch's may carry annotations, see Trace::steps_us); else they are
+// inferred from the deep minima of live memory (a training loop returns to its baseline between
+// steps) or, when live memory never falls back (inference keeping its outputs), from the most
+// frequent allocation. Only events up to the last boundary count: the teardown after the loop frees
+// everything. Throws BadInputError for a malformed trace, as replay() does (trace/replay.hpp).
 LeakReport find_leaks(const trace::Trace& trace, LeakOptions options = {});
 
 // For people: one paragraph a finding ("no leaks found" when none).
 std::string format_leaks(const LeakReport& report);
-// One JSON object: {"trace":..., "periods":..., "period_source":..., "leaks":[{...}]}.
+// One JSON object: {"trace", "periods", "period_source", "steps_marked", "start_us", "cause",
+// "evidence", "leaks":[{...}]}; times in "leaks" are microseconds from start_us.
 std::string leaks_json(const LeakReport& report);
 
 }  // namespace gmem

@@ -28,6 +28,12 @@ struct Stat {
     current -= amount;
     freed += amount;
   }
+  // `amount` moves between two parts of this total (bytes from one pool to the other): the total
+  // stays, and its running totals count the move as the parts do, so that they remain their sum.
+  void count_move(std::int64_t amount) {
+    allocated += amount;
+    freed += amount;
+  }
   void reset_peak() { peak = current; }
   void reset_accumulated() { allocated = freed = 0; }
 };
@@ -43,6 +49,9 @@ struct MemoryStats {
   PoolStats allocated_bytes, requested_bytes, active_bytes, reserved_bytes, inactive_split_bytes;
   // Counts of the same things. segment: physical chunks held (large pool) plus the small pool's
   // slabs and ranges carved from them (small pool); .all is their sum.
+  // In every pooled statistic, .all's current, allocated and freed are the sums of the two pools'
+  // (reserved bytes moved between pools count as freed by one and allocated by the other, in .all
+  // too); peaks are each row's own, reached at different times, and need not add up.
   PoolStats allocation, active, segment, inactive_split;
 
   std::int64_t num_alloc_retries = 0;  // mallocs that had to reclaim memory before succeeding

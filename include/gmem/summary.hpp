@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "gmem/leaks.hpp"
 #include "gmem/stats.hpp"
 
 namespace gmem {
@@ -30,7 +31,13 @@ struct SummaryOptions {
   std::string device = "0";  // named in the title
   std::string note;          // a line under the title ("leak_losses at peak allocated, event 1234")
   bool abbreviated = false;  // PyTorch's: without the large / small pool rows
+  std::string cause;         // "cause: NAME: evidence", the last section ("" for none): summary_cause()
 };
+
+// A summary's cause line, decided as OOM reports decide theirs (gmem/causes.hpp), with no failed
+// request: a leak among `leaks` (found over `steps` steps), else fragmentation where free memory
+// stranded in pages and slabs shared with live blocks is a tenth of reserved or more, else none.
+std::string summary_cause(const MemoryStats& stats, const std::vector<LeakFinding>& leaks, std::uint64_t steps);
 
 // The summary as a 75-column text table, PyTorch's layout and units, then gmem's section.
 std::string format_summary(const MemoryStats& stats, const std::vector<TopAllocation>& top = {},
@@ -65,7 +72,8 @@ struct TraceSummary {
   // Live blocks by their innermost frame: the library frame (the layer) when the trace has one,
   // else the user's line, else "<backward>".
   std::vector<TopAllocation> top;
-  SummaryOptions options() const;  // a note naming the trace and the point
+  LeakReport leaks;  // the leak test over the whole trace (find_leaks)
+  SummaryOptions options() const;  // a note naming the trace and the point, and the cause
 };
 
 TraceSummary summarize_trace(const trace::Trace& trace, SummaryPoint at = SummaryPoint::end,

@@ -22,6 +22,7 @@ const char* action_name(Action action) noexcept;
 
 struct Event {
   Action action = Action::alloc;
+  std::uint32_t scope = 0;       // index into Trace::frames of the gmem scope ("model.1"; 0 = none)
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   std::uint64_t stream = 0;
@@ -36,6 +37,10 @@ struct Trace {
   std::string name;                 // file name without directories and extensions
   std::vector<Event> events;
   std::vector<std::string> frames;  // interned frame strings; frames[0] == ""
+  // Step markers, when the file has them (snapshot pickles: gmem's gmem.step() markers, or the
+  // START of a recurring PyTorch annotation), as times; ascending.
+  std::vector<std::int64_t> steps_us;
+  std::string steps_source;  // where they came from ("gmem.step() markers", ...); "" when none
 };
 
 // Bounds on what reading one trace may cost, so that a hostile or broken file (a gzip bomb, a

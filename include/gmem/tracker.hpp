@@ -153,6 +153,8 @@ class Tracker final {
   std::vector<UsageGroup> usage_by_site(std::size_t limit = 20) const;
   // Sites whose surviving memory grows step after step (needs step() to be called each step).
   std::vector<LeakFinding> leak_suspects() const;
+  // When tracking began, on the clock of LeakFinding's times (wall clock, microseconds).
+  std::int64_t started_us() const;
 
  private:
   class Impl;

@@ -10,6 +10,7 @@
     gmem.snapshot()                         # dict (docs/snapshot-schema.md)
     gmem.dump_snapshot("mem.pickle")        # open at https://pytorch.org/memory_viz
     gmem.last_oom_report()                  # why the last allocation failed, and what to do
+    gmem.leaks()                            # the leak findings so far, and the cause
 
 Scopes and call sites are per thread. Python stacks are recorded where this module sets them
 (scope entry, module calls with track_modules(stacks=True), set_frames()): PyTorch's allocator
@@ -49,6 +50,7 @@ _PROTOTYPES = {
     "gmem_snapshot_pickle": (_status, [ctypes.c_int, ctypes.c_char_p]),
     "gmem_oom_report_text": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
     "gmem_oom_report_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
+    "gmem_leaks_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
 }
 
 _declared = threading.Lock()
@@ -216,8 +218,9 @@ def dump_snapshot(path, device=None):
 def last_oom_report(device=None, as_json=False):
     """The report of the last failed allocation (on any device when device is None): the
     request, the limit, the device's memory and who else holds it, what gmem holds, the cause
-    (live memory, fragmentation, or memory held outside gmem), the largest holders by scope and
-    call site, leak suspects, and what to do. A str (a dict with as_json=True); None if no
+    with its evidence (leak, memory held outside gmem, batch too large, model and state too
+    large, live memory, fragmentation: README, "What is the cause?"), the largest holders by scope
+    and call site, leak suspects, and what to do, the fix for the cause first. A str (a dict with as_json=True); None if no
     allocation has failed."""
     dev = -1 if device is None else device_index(device)
     fn = _c().gmem_oom_report_json if as_json else _c().gmem_oom_report_text
@@ -225,6 +228,61 @@ def last_oom_report(device=None, as_json=False):
     if not text:
         return None
     return json.loads(text) if as_json else text
+
+
+# --- leaks ---------------------------------------------------------------------------------------
+
+
+class Leaks:
+    """What gmem.leaks() returns: the leak findings so far, with the cause as OOM reports decide it.
+
+    print(leaks) gives the report (`gmem leaks`' layout); len(leaks), iteration and leaks[i] give
+    the findings (dicts: site, bytes_per_step, surviving_bytes, first_step, periods,
+    growing_periods, first_seen_us, sample); leaks.as_dicts() gives them as a list;
+    leaks.cause / leaks.evidence / leaks.steps the verdict and what it rests on."""
+
+    def __init__(self, report):
+        self._report = report
+        self.text = report.pop("text")
+        self.steps = report["periods"]
+        self.cause = report["cause"]
+        self.evidence = report["evidence"]
+        self.findings = report["leaks"]
+
+    def as_dicts(self):
+        return [dict(f) for f in self.findings]
+
+    def as_dict(self):
+        """The whole report: steps, cause, evidence and the findings ("leaks")."""
+        return dict(self._report)
+
+    def __len__(self):
+        return len(self.findings)
+
+    def __iter__(self):
+        return iter(self.findings)
+
+    def __getitem__(self, index):
+        return self.findings[index]
+
+    def __bool__(self):
+        return bool(self.findings)
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        sites = ", ".join("%s +%d B/step" % (f["site"], f["bytes_per_step"]) for f in self.findings)
+        return "<gmem.Leaks: %d step(s), cause %s%s>" % (self.steps, self.cause,
+                                                          ": " + sites if sites else "")
+
+
+def leaks(device=None):
+    """The leak findings so far on `device` (tracking must be on; steps come from gmem.step(),
+    or gmem.torch.watch()): the sites whose memory kept across steps grows step after step. A
+    Leaks object: print it, or read .as_dicts(). Cheap enough to call every few steps (it looks
+    at the sites' per-step totals, not at every block)."""
+    return Leaks(json.loads(_lib.text(_c().gmem_leaks_json, device_index(device))))
 
 
 # --- modules (PyTorch) --------------------------------------------------------------------------

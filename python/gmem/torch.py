@@ -17,6 +17,7 @@ import warnings
 
 from . import _lib, _shim, _summary, memory
 from .errors import GmemError
+from . import observe
 from .observe import track_modules  # noqa: F401  (gmem.torch.track_modules(model))
 from .distributed import summary as distributed_summary  # noqa: F401  (one row per rank)
 
@@ -155,6 +156,62 @@ def _patch(torch):
             fn.__name__ = name
             fn.__doc__ = "gmem's answer to torch.cuda.%s (gmem.torch is enabled)." % name
             setattr(module, name, fn)
+
+
+# --- watch(): steps and module tracking in one line ---------------------------------------------
+
+
+class Watch:
+    """What watch() returns: remove() takes its hooks off again (also as a context manager)."""
+
+    def __init__(self, handles):
+        self._handles = handles
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+        del self._handles[:]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def watch(obj, name="model", stacks=False):
+    """Marks gmem's steps for you, so that leak detection (gmem.leaks(), OOM reports) works
+    without gmem.step() calls:
+
+        gmem.torch.watch(optimizer)   # a step at each optimizer.step() (a step post-hook)
+        gmem.torch.watch(model)       # module tracking (track_modules), and a step at each
+                                      # forward of the top module after the first one
+
+    A model's steps begin at its forward, not at the end of its backward: inference has no
+    backward, and a training step that runs forward once begins with it. Watch one or the other:
+    a model called several times a step (gradient accumulation) counts a step per call, which
+    leak detection takes in its stride (a leak is judged at the rhythm it grows). Returns a
+    handle whose remove() takes the hooks off. Tracking must be on (gmem.enable_tracking())."""
+    if hasattr(obj, "register_step_post_hook"):  # a torch.optim.Optimizer
+        return Watch([obj.register_step_post_hook(lambda optimizer, args, kwargs: observe.step())])
+    if hasattr(obj, "named_modules") and hasattr(obj, "register_forward_pre_hook"):  # an nn.Module
+        state = {"calls": 0}
+
+        def mark_step(module, args):
+            # The first forward begins step 0; each later one ends the step before it.
+            if state["calls"]:
+                observe.step()
+            state["calls"] += 1
+
+        # Registered before track_modules' hooks, so that the step ends before the module's scope
+        # is entered.
+        handles = [obj.register_forward_pre_hook(mark_step)]
+        tracking = track_modules(obj, name=name, stacks=stacks)
+        handles.append(tracking)
+        return Watch(handles)
+    raise TypeError("gmem.torch.watch() takes a torch.optim.Optimizer (it has "
+                    "register_step_post_hook) or a torch.nn.Module, not %s" % type(obj).__name__)
 
 
 def _reset_for_tests():

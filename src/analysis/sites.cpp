@@ -13,6 +13,7 @@ const std::string& frame(const trace::Trace& trace, std::uint32_t index) {
 std::string site_of(const trace::Trace& trace, const trace::Event& event) {
   if (!frame(trace, event.user_frame).empty()) return frame(trace, event.user_frame);
   if (!frame(trace, event.lib_frame).empty()) return frame(trace, event.lib_frame);
+  if (!frame(trace, event.scope).empty()) return "scope " + frame(trace, event.scope);
   return trace.frames.size() > 1 ? "<backward>" : "<unknown>";
 }
 
@@ -26,6 +27,8 @@ std::string stack_of(const trace::Trace& trace, const trace::Event& event) {
   std::string stack = frame(trace, event.lib_frame);
   const std::string& user = frame(trace, event.user_frame);
   if (!user.empty()) stack += (stack.empty() ? "" : "\n") + user;
+  const std::string& scope = frame(trace, event.scope);
+  if (!scope.empty()) stack += (stack.empty() ? "" : "\n") + ("scope " + scope);
   return stack;
 }
 

@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "common/json.hpp"
+#include "gmem/causes.hpp"
 #include "gmem/engine.hpp"
 #include "gmem/error.hpp"
 #include "gmem/summary.hpp"
@@ -15,8 +17,8 @@ namespace {
 constexpr int kWidth = 75;  // inside the | borders, as PyTorch's
 
 // PyTorch's _format_size: the unit is chosen by `scale` (the column's "all pools" value), or by
-// the value itself when it is larger (a pool's running total can exceed all's when the engine
-// moves chunks between pools), so that it always fits its 10 columns.
+// the value itself when it is larger (a pool's peak can exceed all's: peaks are reached at
+// different times), so that it always fits its 10 columns.
 std::string format_size(std::int64_t bytes, std::int64_t scale) {
   static const char* units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int unit = 0;
@@ -118,6 +120,10 @@ void gmem_rows(Table& table, const MemoryStats& stats, const std::vector<TopAllo
   table.line(" " + pad("Chunks held / mapped", 21) + " | " + std::to_string(stats.chunks_held) + " / " +
              std::to_string(stats.chunks_mapped) + ", " + format_bytes(static_cast<std::uint64_t>(stats.granularity)) +
              " each");
+  // The table's "GPU reserved chunks" counts the small pool's slabs as well as the chunks.
+  table.line(" " + pad("Reserved chunks", 21) + " | " + std::to_string(stats.segment[kAllPools].current) +
+             " = " + std::to_string(stats.segment[kLargePool].current) + " chunks + " +
+             std::to_string(stats.segment[kSmallPool].current) + " small-pool slabs");
   table.line(" " + pad("Maps / unmaps", 21) + " | " + std::to_string(stats.num_maps) + " / " +
              std::to_string(stats.num_unmaps) + ", stitched mallocs: " + std::to_string(stats.num_stitches));
   if (top.empty()) return;
@@ -134,7 +140,32 @@ void gmem_rows(Table& table, const MemoryStats& stats, const std::vector<TopAllo
   }
 }
 
+// Text as table lines of at most `width` columns, broken between words.
+void wrapped(Table& table, const std::string& text, std::size_t width) {
+  std::string line;
+  std::istringstream words(text);
+  for (std::string word; words >> word;) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      table.line(" " + line);
+      line = "  ";
+    }
+    line += (line.empty() || line == "  " ? "" : " ") + word;
+  }
+  if (!line.empty()) table.line(" " + line);
+}
+
 }  // namespace
+
+std::string summary_cause(const MemoryStats& stats, const std::vector<LeakFinding>& leaks, std::uint64_t steps) {
+  CauseEvidence e;
+  e.allocated = static_cast<std::size_t>(stats.allocated_bytes[kAllPools].current);
+  e.reserved = static_cast<std::size_t>(stats.reserved_bytes[kAllPools].current);
+  e.stranded = static_cast<std::size_t>(stats.partial_page_bytes + stats.small_slack_bytes);
+  e.steps = steps;
+  e.leaks = leaks;
+  const Diagnosis d = diagnose(e);
+  return "cause: " + d.name + ": " + d.evidence;
+}
 
 std::vector<TopAllocation> top_sites(const std::vector<std::pair<std::string, std::int64_t>>& live,
                                      std::size_t n) {
@@ -177,6 +208,10 @@ std::string format_summary(const MemoryStats& stats, const std::vector<TopAlloca
   metric_rows(table, stats.segment, "GPU reserved chunks", format_count, brief);
   metric_rows(table, stats.inactive_split, "Non-releasable allocs", format_count, brief);
   gmem_rows(table, stats, top);
+  if (!options.cause.empty()) {
+    table.rule('=');
+    wrapped(table, options.cause, kWidth - 2);
+  }
   table.rule('=');
   return table.str();
 }
@@ -185,6 +220,7 @@ std::string summary_json(const MemoryStats& stats, const std::vector<TopAllocati
                          const SummaryOptions& options) {
   json::Writer w;
   w.begin_object().field("device", std::string_view(options.device)).field("note", std::string_view(options.note));
+  w.field("cause", std::string_view(options.cause));
   w.key("stats").begin_object();
   for (const auto& [name, value] : stats.flatten()) w.field(name, value);
   w.end_object();

@@ -1,5 +1,6 @@
-// find_leaks over a trace: the allocations as the program saw them, steps inferred, fed to a
-// LeakDetector up to the last step boundary.
+// find_leaks over a trace: the allocations as the program saw them, steps from the trace's markers
+// (or inferred where it has none), fed to a LeakDetector up to the last step boundary.
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <unordered_map>
@@ -8,6 +9,7 @@
 #include "analysis/step_finder.hpp"
 #include "gmem/leaks.hpp"
 #include "gmem/trace.hpp"
+#include "trace/replay.hpp"
 
 namespace gmem {
 namespace {
@@ -52,10 +54,22 @@ std::vector<Op> program_ops(const trace::Trace& trace, std::vector<std::int64_t>
   return ops;
 }
 
-// Step boundaries as op indices: a boundary b comes just before ops[b].
-std::vector<std::size_t> step_boundaries(const std::vector<Op>& ops,
-                                         const std::vector<std::int64_t>& live_curve,
-                                         std::string& source) {
+// Step boundaries from the trace's markers: each just before the first op at or after its time
+// (ops.size() for a marker after the last op).
+std::vector<std::size_t> marked_boundaries(const trace::Trace& trace, const std::vector<Op>& ops) {
+  std::vector<std::size_t> boundaries;
+  std::size_t i = 0;
+  for (std::int64_t t : trace.steps_us) {
+    while (i < ops.size() && ops[i].event->time_us < t) ++i;
+    boundaries.push_back(i);
+  }
+  return boundaries;
+}
+
+// Step boundaries as op indices, inferred: a boundary b comes just before ops[b].
+std::vector<std::size_t> inferred_boundaries(const std::vector<Op>& ops,
+                                             const std::vector<std::int64_t>& live_curve,
+                                             std::string& source) {
   std::vector<std::size_t> boundaries;
   for (std::size_t end : analysis::step_ends_from_live_minima(live_curve))
     if (end + 1 < ops.size()) boundaries.push_back(end + 1);
@@ -83,33 +97,46 @@ std::vector<std::size_t> step_boundaries(const std::vector<Op>& ops,
 }  // namespace
 
 LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
+  trace::check_trace(trace);  // rejects what replay and summary reject, with the same message
   LeakReport report;
   report.trace_name = trace.name;
+  if (!trace.events.empty()) report.start_us = trace.events.front().time_us;
   std::vector<std::int64_t> live_curve;
   const std::vector<Op> ops = program_ops(trace, live_curve);
-  const std::vector<std::size_t> boundaries = step_boundaries(ops, live_curve, report.period_source);
+  std::vector<std::size_t> boundaries;
+  if (!trace.steps_us.empty()) {
+    boundaries = marked_boundaries(trace, ops);
+    report.period_source = trace.steps_source;
+    report.steps_marked = true;
+  } else {
+    boundaries = inferred_boundaries(ops, live_curve, report.period_source);
+  }
   report.periods = boundaries.size();
   if (boundaries.empty()) return report;
 
-  // Sites and stacks repeat: compute each (user frame, library frame) pair's once.
-  std::map<std::pair<std::uint32_t, std::uint32_t>, std::pair<std::string, std::string>> names;
+  // Sites and stacks repeat: compute each (user frame, library frame, scope)'s once.
+  std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, std::pair<std::string, std::string>> names;
   LeakDetector detector(options);
   std::size_t next = 0;
+  auto step_time = [&](std::size_t b) {
+    if (report.steps_marked) return trace.steps_us[b];
+    return ops[boundaries[b]].event->time_us;
+  };
   for (std::size_t i = 0; i < boundaries.back(); ++i) {  // the teardown after the loop is left out
     const trace::Event& e = *ops[i].event;
     while (next < boundaries.size() && boundaries[next] == i) {
-      detector.on_step(e.time_us);
+      detector.on_step(step_time(next));
       ++next;
     }
     if (!ops[i].alloc) {
       detector.on_free(e.addr);
       continue;
     }
-    auto [it, added] = names.try_emplace({e.user_frame, e.lib_frame});
+    auto [it, added] = names.try_emplace({e.user_frame, e.lib_frame, e.scope});
     if (added) it->second = {analysis::site_of(trace, e), analysis::stack_of(trace, e)};
     detector.on_alloc(e.addr, e.size, it->second.first, e.time_us, it->second.second);
   }
-  detector.on_step(ops[boundaries.back()].event->time_us);
+  for (; next < boundaries.size(); ++next) detector.on_step(step_time(next));  // markers at the end
   report.leaks = detector.findings();
   return report;
 }

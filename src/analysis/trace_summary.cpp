@@ -42,6 +42,7 @@ SummaryOptions TraceSummary::options() const {
   o.device = "simulated";
   o.note = trace_name + (at == SummaryPoint::peak ? " at peak allocated" : " at its end") + " (" +
            std::to_string(events) + " events replayed)";
+  o.cause = summary_cause(stats, leaks.leaks, leaks.periods);
   return o;
 }
 
@@ -65,6 +66,7 @@ TraceSummary summarize_trace(const trace::Trace& t, SummaryPoint at, std::size_t
   };
   const trace::ReplayResult result = trace::replay(t, options);
   if (result.failed) throw Error(Errc::out_of_memory, "replaying " + t.path + ": " + result.failure);
+  summary.leaks = find_leaks(t);
   return summary;
 }
 

@@ -198,9 +198,9 @@ gmem_status_t gmem_memory_summary(int device, char* buf, size_t size, size_t* ne
     DeviceContext& context = gmem::capi::context(device);
     gmem::SummaryOptions options;
     options.device = std::to_string(context.index);
-    copy_text(gmem::format_summary(context.engine->detailed_stats(), gmem::capi::tracked_top(context),
-                                   options),
-              buf, size, needed);
+    const gmem::MemoryStats stats = context.engine->detailed_stats();
+    options.cause = gmem::capi::tracked_cause(context, stats);
+    copy_text(gmem::format_summary(stats, gmem::capi::tracked_top(context), options), buf, size, needed);
   });
 }
 

@@ -22,6 +22,8 @@ void* observed_malloc(DeviceContext& context, std::size_t size, StreamId stream)
 // For memory summaries: live memory by scope when allocations carry scopes, else by call site;
 // empty when the device is not tracked.
 std::vector<TopAllocation> tracked_top(DeviceContext& context, std::size_t n = 10);
+// The summary's cause line from the tracker's leak findings ("" when `context` is not tracked).
+std::string tracked_cause(DeviceContext& context, const MemoryStats& stats);
 
 // Defined in gmem_c.cpp: runs `body` turning exceptions into a status and the thread's last
 // error, and copies text out as gmem_stats_text does.

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "capi/observe.hpp"
+#include "common/json.hpp"
 #include "gmem/error.hpp"
+#include "gmem/leaks.hpp"
 #include "gmem/oom_report.hpp"
 #include "gmem/scope.hpp"
 #include "gmem/snapshot.hpp"
@@ -85,6 +87,34 @@ std::string oom_report(int device, bool json) {
   return json ? to_json(it->second) : to_text(it->second);
 }
 
+// The tracker's findings as `gmem leaks` reports a trace's: steps from gmem_step, times from when
+// tracking began.
+LeakReport live_leaks(int device) {
+  DeviceContext& context = gmem::capi::context(device);
+  const Tracker* tracker = slot(context).load(std::memory_order_acquire);
+  if (tracker == nullptr)
+    throw Error(Errc::invalid_argument, "device " + std::to_string(context.index) +
+                                            " is not tracked: enable tracking first "
+                                            "(gmem_tracking_enable, gmem.enable_tracking())");
+  LeakReport report;
+  report.trace_name = "device " + std::to_string(context.index);
+  report.leaks = tracker->leak_suspects();
+  report.periods = tracker->current_step();
+  report.period_source = "gmem.step() markers";
+  report.steps_marked = true;
+  report.start_us = tracker->started_us();
+  return report;
+}
+
+// leaks_json's object with "text" added: one report, two forms.
+std::string live_leaks_json(int device) {
+  const LeakReport report = live_leaks(device);
+  std::string body = leaks_json(report);
+  json::Writer text;
+  text.begin_object().field("text", format_leaks(report));
+  return text.str() + "," + body.substr(1);
+}
+
 }  // namespace
 
 void* observed_malloc(DeviceContext& context, std::size_t size, StreamId stream) {
@@ -114,6 +144,12 @@ std::vector<TopAllocation> tracked_top(DeviceContext& context, std::size_t n) {
     top.push_back(TopAllocation{g.key, static_cast<std::int64_t>(g.bytes),
                                 static_cast<std::int64_t>(g.count), 0});
   return top;
+}
+
+std::string tracked_cause(DeviceContext& context, const MemoryStats& stats) {
+  const Tracker* tracker = slot(context).load(std::memory_order_acquire);
+  if (tracker == nullptr) return {};
+  return summary_cause(stats, tracker->leak_suspects(), tracker->current_step());
 }
 
 }  // namespace gmem::capi
@@ -239,6 +275,18 @@ gmem_status_t gmem_oom_report_text(int device, char* buf, size_t size, size_t* n
 gmem_status_t gmem_oom_report_json(int device, char* buf, size_t size, size_t* needed) {
   return run_guarded("gmem_oom_report_json", [&] {
     copy_text_out(gmem::capi::oom_report(device, true), buf, size, needed);
+  });
+}
+
+gmem_status_t gmem_leaks_text(int device, char* buf, size_t size, size_t* needed) {
+  return run_guarded("gmem_leaks_text", [&] {
+    copy_text_out(gmem::format_leaks(gmem::capi::live_leaks(device)), buf, size, needed);
+  });
+}
+
+gmem_status_t gmem_leaks_json(int device, char* buf, size_t size, size_t* needed) {
+  return run_guarded("gmem_leaks_json", [&] {
+    copy_text_out(gmem::capi::live_leaks_json(device), buf, size, needed);
   });
 }
 

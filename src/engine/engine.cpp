@@ -144,7 +144,10 @@ void Engine::Impl::count_malloc(const Record& record) {
 }
 
 void Engine::Impl::move_reserved_to_small(std::int64_t bytes) {
-  // Reserved memory is chunks; the small pool's share is what its slabs and ranges cover.
+  // Reserved memory is chunks; the small pool's share is what its slabs and ranges cover. All
+  // pools' total does not change, but counts the move as the pools do (stats.hpp: .all's running
+  // totals are the pools' sums).
+  stats_.reserved_bytes[kAllPools].count_move(bytes > 0 ? bytes : -bytes);
   if (bytes > 0) {
     stats_.reserved_bytes[kSmallPool].increase(bytes);
     stats_.reserved_bytes[kLargePool].decrease(bytes);

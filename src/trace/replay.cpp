@@ -222,6 +222,8 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
 
 }  // namespace
 
+void check_trace(const Trace& trace) { (void)compile(trace); }
+
 ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   return run(trace, compile(trace), options);
 }

@@ -86,6 +86,12 @@ struct ReplayResult {
 // BadInputError (file and line) for a free of an address that is not live in the trace.
 ReplayResult replay(const Trace& trace, const ReplayOptions& options = {});
 
+// Checks `trace` as replay() does before it starts (an alloc of 0 bytes, an alloc at an address
+// still live, a free of an address not live): throws the same BadInputError, naming file and line.
+// For analyses that read a trace without replaying it (`gmem leaks`), so that every command
+// rejects the same traces.
+void check_trace(const Trace& trace);
+
 // The smallest device capacity, a multiple of `granularity`, on which the replay has no failed
 // malloc (bisection between peak allocated and what an unlimited replay reserved), with the GPU
 // `lag_us` behind the host (ReplayOptions::lag_us).

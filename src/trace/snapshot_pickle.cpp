@@ -18,6 +18,10 @@ namespace gmem::trace::detail {
 namespace {
 using pickle::Value;
 
+// The frame gmem's snapshots (src/tracking/snapshot_pickle.cpp) write for a block's scope, outermost;
+// its 'name' is the scope path.
+constexpr std::string_view kScopeFile = "<gmem scope>";
+
 // "…/site-packages/transformers/x.py" -> "transformers/x.py"; empty when not such a library.
 std::string_view library_path(std::string_view file) {
   for (std::string_view lib : {"transformers/", "torchvision/"}) {
@@ -110,6 +114,7 @@ class Converter {
       const FrameIds ids = stack(*frames);
       e.user_frame = ids.user;
       e.lib_frame = ids.lib;
+      e.scope = ids.scope;
     }
     return e;
   }
@@ -117,6 +122,7 @@ class Converter {
   struct FrameIds {
     std::uint32_t user = 0;  // index into trace.frames, 0 for none
     std::uint32_t lib = 0;
+    std::uint32_t scope = 0;  // gmem's scope, written as a frame (see kScopeFile)
   };
 
   // The innermost user and library frames of a stack (frames come innermost first).
@@ -135,7 +141,7 @@ class Converter {
       const FrameIds f = this->frame(frame);
       if (ids.user == 0) ids.user = f.user;
       if (ids.lib == 0) ids.lib = f.lib;
-      if (ids.user && ids.lib) break;
+      if (ids.scope == 0) ids.scope = f.scope;
     }
     cached->second = ids;
     return ids;
@@ -150,9 +156,15 @@ class Converter {
     const Value* file = frame.get("filename");
     if (!file || !file->is_string()) fail("a frame without a 'filename'");
     const std::string& path = file->as_string();
+    FrameIds ids;
+    if (path == kScopeFile) {  // a scope, not a line of code: its name is the frame's
+      const Value* name = frame.get("name");
+      if (name && name->is_string() && !name->as_string().empty()) ids.scope = frames_.intern(name->as_string());
+      cached->second = ids;
+      return ids;
+    }
     const bool user = gmem::detail::is_user_python_file(path);
     const std::string_view lib = library_path(path);
-    FrameIds ids;
     if (user || !lib.empty()) {
       const Value* line = frame.get("line");
       const Value* function = frame.get("name");
@@ -175,6 +187,49 @@ class Converter {
   std::unordered_map<const pickle::List*, FrameIds> stacks_seen_;
   std::unordered_map<const pickle::Dict*, FrameIds> frames_seen_;
 };
+// "ProfilerStep#12" -> "ProfilerStep#": annotations that differ only by a trailing count are one.
+std::string without_count(const std::string& name) {
+  std::size_t end = name.size();
+  while (end > 0 && name[end - 1] >= '0' && name[end - 1] <= '9') --end;
+  return name.substr(0, end);
+}
+
+// Steps from 'external_annotations': gmem's gmem.step() markers (stage "STEP") where there are
+// any; else the starts (stage "START") of the PyTorch annotation that recurs most often (at least 3
+// times; torch.profiler's "ProfilerStep#N", or a record_function around the step). Entries that are
+// not as expected are ignored: annotations are a hint, not the trace.
+void read_step_markers(const Value& annotations, Trace& trace) {
+  if (!annotations.is_sequence()) return;
+  std::vector<std::int64_t> steps;
+  std::vector<std::pair<std::string, std::int64_t>> starts;
+  for (const Value& a : annotations.as_list()) {
+    if (!a.is_dict()) continue;
+    const Value* stage = a.get("stage");
+    const Value* time = a.get("time_us");
+    if (!stage || !stage->is_string() || !time || !time->is_int()) continue;
+    if (stage->as_string() == "STEP") {
+      steps.push_back(time->as_int());
+    } else if (stage->as_string() == "START") {
+      const Value* name = a.get("name");
+      if (name && name->is_string()) starts.emplace_back(without_count(name->as_string()), time->as_int());
+    }
+  }
+  if (!steps.empty()) {
+    trace.steps_source = "gmem.step() markers";
+  } else {
+    std::unordered_map<std::string, std::size_t> count;
+    std::string best;
+    for (const auto& [name, time] : starts)
+      if (++count[name] > (best.empty() ? 2 : count[best]) && name != best) best = name;
+    if (best.empty()) return;
+    for (const auto& [name, time] : starts)
+      if (name == best) steps.push_back(time);
+    trace.steps_source = "annotation '" + best + "'";
+  }
+  std::sort(steps.begin(), steps.end());
+  trace.steps_us = std::move(steps);
+}
+
 }  // namespace
 
 void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits& limits) {
@@ -195,6 +250,8 @@ void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits
     convert.device(device);
     devices_with_events += trace.events.size() > before;
   }
+  if (const Value* annotations = root.get("external_annotations"))
+    read_step_markers(*annotations, trace);
   // Several devices: one timeline (addresses are unique across devices under unified addressing).
   if (devices_with_events > 1)
     std::stable_sort(trace.events.begin(), trace.events.end(),

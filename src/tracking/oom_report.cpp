@@ -1,5 +1,5 @@
-// OOM reports: the cause from the numbers, the breakdowns from the live allocations, advice by
-// cause.
+// OOM reports: the cause from the evidence (diagnose(), shared with the summary and `gmem leaks`),
+// the breakdowns from the live allocations, advice by cause.
 #include "gmem/oom_report.hpp"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "common/json.hpp"
+#include "gmem/causes.hpp"
 
 namespace gmem {
 namespace {
@@ -40,90 +41,17 @@ std::string scope_key(const LiveAllocation& a) {
 }
 std::string site_key(const LiveAllocation& a) { return site_of(0, a.frames); }
 
-void diagnose(OomReport& r) {
-  const OomInfo& i = r.info;
-  const std::size_t need = i.allocated + i.requested;
-  const bool device_known = i.device_total > 0;
-  const std::size_t device_room = i.reserved + i.device_free;  // what gmem could hold at most
-  const std::string needs = "live allocations (" + format_bytes(i.allocated) +
-                            ") plus the request (" + format_bytes(i.requested) + ") need " +
-                            format_bytes(need);
-  if (i.limit > 0 && need > i.limit && (!device_known || i.limit <= device_room)) {
-    r.cause = "live memory";
-    r.explanation = needs + ", more than gmem's memory limit (" + format_bytes(i.limit) + ")";
-    return;
-  }
-  if (device_known && need > device_room) {
-    const std::size_t shortfall = need - device_room;
-    // The CUDA context alone holds a few hundred MiB: outside memory is the cause only where it
-    // is large enough to matter and to have made the difference.
-    if (need <= i.device_total && r.held_outside >= shortfall &&
-        r.held_outside > i.device_total / 20) {
-      r.cause = "memory held outside gmem";
-      r.explanation = needs + ", which fits in the device's " + format_bytes(i.device_total) +
-                      ", but " + format_bytes(r.held_outside) +
-                      " of it is held outside gmem (CUDA context, NCCL, other processes)";
-    } else {
-      r.cause = "live memory";
-      r.explanation = needs + ", more than the device can give gmem (" +
-                      format_bytes(i.reserved) + " held + " + format_bytes(i.device_free) +
-                      " free)";
-    }
-    return;
-  }
-  r.cause = "fragmentation";
-  r.explanation = "there was room under the limit (" + needs + " of " +
-                  format_bytes(i.limit) + "), but the " + format_bytes(r.free_in_gmem) +
-                  " free inside gmem is split across partly used pages and slabs (largest free "
-                  "range " + format_bytes(i.largest_free_range) + ")";
-}
-
-void advise(OomReport& r) {
-  auto& a = r.advice;
-  const OomInfo& i = r.info;
-  if (!r.leak_suspects.empty()) {
-    a.push_back("Memory kept alive grows every step at " + r.leak_suspects.front().site + " (+" +
-                format_bytes(static_cast<std::uint64_t>(r.leak_suspects.front().bytes_per_step)) +
-                " per step): drop the references kept across steps (e.g. append loss.item(), "
-                "not the loss tensor, whose graph stays alive).");
-  }
-  if (r.cause == "memory held outside gmem") {
-    a.push_back("Other users of the device hold " + format_bytes(r.held_outside) +
-                ": check nvidia-smi for other processes on this GPU.");
-    a.push_back("On a shared GPU, give each process its share with gmem.set_memory_limit() or "
-                "set_memory_fraction(), so that no process starves the others.");
-    a.push_back("NCCL reserves buffers per communicator: fewer process groups or a smaller "
-                "NCCL_BUFFSIZE give some back.");
-  }
-  if (r.cause == "fragmentation") {
-    a.push_back("Free memory is scattered over pages partly used by small, long-lived tensors: "
-                "create persistent buffers (parameters, optimizer state) before the training "
-                "loop, and free short-lived ones promptly.");
-    a.push_back("Leave some headroom: a slightly higher limit (set_memory_limit) absorbs the "
-                "partly used pages.");
-  }
-  a.push_back("Use a smaller batch (or shorter sequences): activations grow with it.");
-  a.push_back("For inference, run under torch.no_grad() or torch.inference_mode(), so that no "
-              "activations are kept for a backward pass.");
-  a.push_back("Use activation checkpointing (torch.utils.checkpoint) to recompute activations in "
-              "backward instead of keeping them.");
-  if (r.leak_suspects.empty())
-    a.push_back("Drop references you no longer need (outputs or losses kept in lists, caches); "
-                "del them before the next step.");
-  if (r.cause == "live memory" && i.limit > 0 && i.device_total > 0 && i.limit < i.device_total)
-    a.push_back("gmem's limit (" + format_bytes(i.limit) + ") is below the device's memory (" +
-                format_bytes(i.device_total) +
-                "): raise it with set_memory_limit() if this process may use more.");
-}
-
 }  // namespace
 
 OomReport build_oom_report(const OomInfo& info, const std::vector<LiveAllocation>& live,
-                           const std::vector<LeakFinding>& leaks, bool tracked) {
+                           const std::vector<LeakFinding>& leaks, bool tracked, std::uint64_t steps) {
   OomReport r;
   r.info = info;
-  if (info.device_total > 0) r.held_outside = minus(info.device_total, info.device_free + info.reserved);
   r.free_in_gmem = minus(info.reserved, info.allocated);
+  r.steps = steps;
+  if (steps > 0)
+    for (const LiveAllocation& a : live)
+      if (a.step == steps) r.step_bytes += a.size;
   r.tracked = tracked;
   r.leak_suspects = leaks;
   if (r.leak_suspects.size() > kTop) r.leak_suspects.resize(kTop);
@@ -145,14 +73,29 @@ OomReport build_oom_report(const OomInfo& info, const std::vector<LiveAllocation
                                       a.frames != 0 || a.scope != 0 ? site_of(a.scope, a.frames)
                                                                     : std::string()});
   }
-  diagnose(r);
-  advise(r);
+  CauseEvidence evidence;
+  evidence.requested = info.requested;
+  evidence.allocated = info.allocated;
+  evidence.reserved = info.reserved;
+  evidence.limit = info.limit;
+  evidence.device_total = info.device_total;
+  evidence.device_free = info.device_free;
+  evidence.largest_free_range = info.largest_free_range;
+  evidence.steps = steps;
+  evidence.step_bytes = r.step_bytes;
+  evidence.leaks = r.leak_suspects;
+  Diagnosis d = diagnose(evidence);
+  r.cause = d.name;
+  r.explanation = std::move(d.evidence);
+  r.held_outside = d.held_outside;
+  r.advice = std::move(d.advice);
   return r;
 }
 
 OomReport build_oom_report(const OomInfo& info, const Tracker* tracker) {
   if (tracker == nullptr) return build_oom_report(info, {}, {}, false);
-  return build_oom_report(info, tracker->state().live, tracker->leak_suspects(), true);
+  TrackerState state = tracker->state();
+  return build_oom_report(info, state.live, tracker->leak_suspects(), true, state.step);
 }
 
 namespace {
@@ -232,6 +175,7 @@ std::string to_json(const OomReport& r) {
   j.field("free_in_gmem", r.free_in_gmem).field("largest_free_range", i.largest_free_range);
   j.field("reclaimable", i.reclaimable).field("reason", i.reason);
   j.field("cause", r.cause).field("explanation", r.explanation).field("tracked", r.tracked);
+  j.field("steps", r.steps).field("step_bytes", r.step_bytes);
   auto groups = [&](const char* name, const std::vector<UsageGroup>& list) {
     j.key(name).begin_array();
     for (const UsageGroup& g : list)

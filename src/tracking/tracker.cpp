@@ -53,6 +53,7 @@ class Tracker::Impl {
       : engine_(engine), owner_(owner), options_(options),
         log_(options, options.capture_backtrace ? &frames::capture_backtrace : &frames::capture_python) {
     detail::tick_origin();
+    start_tick_ = detail::ticks();
     std::lock_guard lock(engine_.mutex_);
     if (engine_.observer_ != nullptr)
       throw Error(Errc::invalid_argument, "this engine already has a tracker attached");
@@ -208,6 +209,7 @@ class Tracker::Impl {
   Engine::Impl& engine_;
   Engine& owner_;
   TrackerOptions options_;
+  std::uint64_t start_tick_ = 0;  // when tracking began
   // --- under engine_.mutex_ ---
   detail::TrackingLog log_;
   bool attached_ = false;
@@ -296,6 +298,10 @@ std::vector<UsageGroup> Tracker::usage_by_scope(std::size_t limit) const {
 std::vector<UsageGroup> Tracker::usage_by_site(std::size_t limit) const {
   return group(impl_->live_sites(), limit,
                [](const LiveAllocation& a) { return site_of(0, a.frames); });
+}
+
+std::int64_t Tracker::started_us() const {
+  return detail::TickClock::make().wall_ns(impl_->start_tick_) / 1000;
 }
 
 std::vector<LeakFinding> Tracker::leak_suspects() const {

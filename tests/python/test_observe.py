@@ -237,6 +237,50 @@ class OomReportTest(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
 
 
+# The issue's case on the simulated device: each step keeps 22 MiB (an output appended to a list)
+# and leaves a little free memory scattered between small blocks, under a cap. The report must
+# blame the leak, not the scattered free memory, and its first advice must be the leak's fix.
+LEAK_OOM_CHILD = r"""
+import gmem
+from gmem import observe
+gmem.set_memory_limit(768 << 20)
+observe.enable_tracking()
+observe.set_frames([("infer.py", 12, "run")])
+kept, small, steps = [], [], 0
+try:
+    while True:
+        activations = gmem.malloc(30 << 20)
+        kept.append(gmem.malloc(22 << 20))
+        pieces = [gmem.malloc(96 << 10) for _ in range(8)]
+        for p in pieces[::2]:
+            gmem.free(p)
+        small.extend(pieces[1::2])
+        gmem.free(activations)
+        gmem.step()
+        steps += 1
+except gmem.OutOfMemoryError as e:
+    message = str(e)
+d = observe.last_oom_report(as_json=True)
+assert steps > 10, steps
+# Each step keeps the output and four of the small pieces: 22 MiB + 384 KiB = 22.38 MiB.
+assert "cause: leak: infer.py:12:run keeps +22.38 MiB a step" in message, message
+assert "fits under gmem's memory limit" in message, message  # it would have looked like fragmentation
+assert d["cause"] == "leak" and d["steps"] == steps, d
+first = d["advice"][0]
+assert "infer.py:12:run" in first and "torch.no_grad()" in first and ".detach()" in first, first
+assert d["leak_suspects"][0]["site"] == "infer.py:12:run", d["leak_suspects"]
+assert d["leak_suspects"][0]["bytes_per_step"] == (22 << 20) + 4 * (96 << 10), d["leak_suspects"]
+print("ok")
+"""
+
+
+class LeakOomTest(unittest.TestCase):
+    def test_a_leak_under_a_cap_is_blamed_first(self):
+        result = run_python(["-c", LEAK_OOM_CHILD])
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("ok", result.stdout)
+
+
 # --- track_modules with stand-ins for torch.nn.Module and torch.Tensor --------------------------
 
 

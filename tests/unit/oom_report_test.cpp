@@ -115,17 +115,90 @@ TEST(OomReport, BreaksLiveMemoryDown) {
   EXPECT_EQ(r.held_outside, 0u);  // device unknown
 }
 
-TEST(OomReport, LeakSuspectsComeFirstInTheAdvice) {
+LeakFinding leak_at(const char* site, std::size_t per_step, std::size_t steps) {
   LeakFinding leak;
-  leak.site = "capture.py:67:run";
-  leak.bytes_per_step = 4 * MiB;
-  leak.surviving_bytes = 40 * MiB;
-  leak.periods = 10;
-  const OomReport r =
-      build_oom_report(info(GiB, GiB, 0, 0, GiB, GiB), some_live(), std::vector<LeakFinding>{leak});
-  ASSERT_FALSE(r.advice.empty());
-  EXPECT_NE(r.advice[0].find("capture.py:67:run"), std::string::npos);
+  leak.site = site;
+  leak.bytes_per_step = static_cast<std::int64_t>(per_step);
+  leak.surviving_bytes = static_cast<std::int64_t>(per_step * steps);
+  leak.periods = steps;
+  leak.growing_periods = steps;
+  return leak;
+}
+
+TEST(OomReport, SmallLeakIsListedButNotBlamed) {
+  // 40 MiB kept of 1 GiB live, 1 GiB short: a smaller batch is the fix, the leak comes second.
+  const OomReport r = build_oom_report(info(GiB, GiB, 0, 0, GiB, GiB), some_live(),
+                                       {leak_at("capture.py:67:run", 4 * MiB, 10)}, true, 0);
+  EXPECT_NE(r.cause, "leak");
+  ASSERT_GE(r.advice.size(), 2u);
+  EXPECT_NE(r.advice[0].find("smaller batch"), std::string::npos) << r.advice[0];
+  EXPECT_NE(r.advice[1].find("capture.py:67:run"), std::string::npos) << r.advice[1];
   EXPECT_NE(to_text(r).find("Leak suspects"), std::string::npos);
+}
+
+// The case: a loop keeping 22 MiB a step under a 3 GiB cap; at the failure the request
+// fits under the limit but not in one range. The leak is the cause, not the fragmentation.
+TEST(OomCause, LeakBeatsFragmentation) {
+  const OomInfo i = info(64 * MiB, 3 * GiB, 0, 0, 3 * GiB, 3 * GiB - 93 * MiB);
+  const OomReport leaking = build_oom_report(i, {}, {leak_at("infer.py:12:run", 22 * MiB, 66)}, true, 66);
+  EXPECT_EQ(leaking.cause, "leak");
+  EXPECT_NE(leaking.explanation.find("infer.py:12:run keeps +22.00 MiB a step"), std::string::npos)
+      << leaking.explanation;
+  ASSERT_FALSE(leaking.advice.empty());
+  EXPECT_NE(leaking.advice[0].find("infer.py:12:run"), std::string::npos);
+  EXPECT_NE(leaking.advice[0].find("torch.no_grad()"), std::string::npos);
+  EXPECT_NE(leaking.advice[0].find(".detach()"), std::string::npos);
+  // The same numbers without the leak: fragmentation, with its evidence.
+  const OomReport clean = build_oom_report(i, {}, {}, true, 66);
+  EXPECT_EQ(clean.cause, "fragmentation");
+  EXPECT_NE(clean.explanation.find("leak test found nothing"), std::string::npos);
+  EXPECT_TRUE(mentions({clean.advice.front()}, "persistent buffers"));
+}
+
+TEST(OomCause, LeakHoldingTheShortfallIsBlamed) {
+  // 8 GiB limit, 7.5 live, 1 asked: 0.5 short; the leak keeps 0.6 GiB (8% of live) > shortfall.
+  const OomReport r = build_oom_report(info(GiB, 8 * GiB, 0, 0, 8 * GiB, 7 * GiB + GiB / 2), {},
+                                       {leak_at("train.py:40:step", 60 * MiB, 10)}, true, 10);
+  EXPECT_EQ(r.cause, "leak");
+  EXPECT_NE(r.explanation.find("more than the 512.00 MiB the request was short"), std::string::npos)
+      << r.explanation;
+}
+
+std::vector<LiveAllocation> steps_live(std::size_t kept, std::size_t this_step, std::uint64_t step) {
+  std::vector<LiveAllocation> live(2);
+  live[0].addr = 0x1000;
+  live[0].size = kept;
+  live[0].step = 0;
+  live[1].addr = 0x2000000;
+  live[1].size = this_step;
+  live[1].step = step;
+  return live;
+}
+
+TEST(OomCause, BatchTooLargeWhenThisStepHoldsTheShortfall) {
+  // 2 GiB of weights, 5 GiB of this step's activations, 2 GiB more asked of an 8 GiB limit.
+  const OomReport r = build_oom_report(info(2 * GiB, 8 * GiB, 0, 0, 7 * GiB, 7 * GiB),
+                                       steps_live(2 * GiB, 5 * GiB, 4), {}, true, 4);
+  EXPECT_EQ(r.cause, "batch too large");
+  EXPECT_EQ(r.step_bytes, 5 * GiB);
+  EXPECT_NE(r.explanation.find("this step's allocations hold 5.00 GiB"), std::string::npos) << r.explanation;
+  EXPECT_NE(r.advice.front().find("smaller batch"), std::string::npos);
+}
+
+TEST(OomCause, ModelTooLargeWhenEarlierStepsHoldIt) {
+  // 7 GiB kept since step 0, 0.5 GiB this step, 2 GiB asked: a smaller batch cannot help.
+  const OomReport r = build_oom_report(info(2 * GiB, 8 * GiB, 0, 0, 8 * GiB, 7 * GiB + GiB / 2),
+                                       steps_live(7 * GiB, GiB / 2, 4), {}, true, 4);
+  EXPECT_EQ(r.cause, "model and state too large");
+  EXPECT_NE(r.advice.front().find("shard the optimizer state"), std::string::npos);
+}
+
+TEST(OomCause, WithoutStepsLiveMemoryAsksForMarkers) {
+  const OomReport r = build_oom_report(info(2 * GiB, 8 * GiB, 0, 0, 7 * GiB, 7 * GiB),
+                                       steps_live(2 * GiB, 5 * GiB, 0), {}, true, 0);
+  EXPECT_EQ(r.cause, "live memory");
+  EXPECT_NE(r.explanation.find("no step markers"), std::string::npos);
+  EXPECT_TRUE(mentions(r.advice, "gmem.torch.watch(optimizer)"));
 }
 
 TEST(OomReport, TextCarriesTheNumbers) {

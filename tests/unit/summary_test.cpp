@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -209,6 +210,56 @@ TEST(TraceSummary, TinyLeakAtItsPeakIsHeldByTheKeptOutputsLine) {
   const std::string table = format_summary(s.stats, s.top, s.options());
   EXPECT_NE(table.find("tiny_leak at peak allocated"), std::string::npos);
   EXPECT_NE(table.find("capture2.py:73:run"), std::string::npos);
+}
+
+// The summary decides the cause as OOM reports and `gmem leaks` do, from the whole trace's leak test.
+TEST(TraceSummary, EndsWithTheCause) {
+  const TraceSummary leaking = summarize_trace(trace::read_trace(data("leak_losses")));
+  EXPECT_TRUE(leaking.options().cause.starts_with("cause: leak: capture.py:66:run keeps +5.00 MiB a step"))
+      << leaking.options().cause;
+  EXPECT_NE(format_summary(leaking.stats, leaking.top, leaking.options()).find("| cause: leak: capture.py:66:run"),
+            std::string::npos);
+  const TraceSummary clean = summarize_trace(trace::read_trace(data("resnet50")));
+  EXPECT_TRUE(clean.options().cause.starts_with("cause: none: no site keeps more memory alive"))
+      << clean.options().cause;
+}
+
+// Totals are the sums of their parts, in every trace of tests/data, at its end and at its peak:
+// every pooled statistic's all-pools current, total allocated and total freed are the pools' sums;
+// reserved - allocated splits into its four causes; the reserved chunks are the chunks held plus the
+// small pool's slabs. (The table prints these numbers; its cells are rounded down each.)
+TEST(TraceSummary, TotalsAreTheSumsOfTheirPartsInEveryTrace) {
+  std::size_t traces = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(GMEM_TEST_DATA)) {
+    const std::string path = entry.path().string();
+    if (!path.ends_with(".trace.csv.gz") && !path.ends_with(".pickle")) continue;
+    ++traces;
+    const trace::Trace t = trace::read_trace(path);
+    for (SummaryPoint at : {SummaryPoint::end, SummaryPoint::peak}) {
+      const MemoryStats st = summarize_trace(t, at).stats;
+      const std::string where = t.name + (at == SummaryPoint::end ? " at its end" : " at its peak");
+      for (const auto* pooled : {&st.allocated_bytes, &st.requested_bytes, &st.active_bytes, &st.reserved_bytes,
+                                 &st.inactive_split_bytes, &st.allocation, &st.active, &st.segment,
+                                 &st.inactive_split}) {
+        const PoolStats& p = *pooled;
+        EXPECT_EQ(p[kAllPools].current, p[kSmallPool].current + p[kLargePool].current) << where;
+        EXPECT_EQ(p[kAllPools].allocated, p[kSmallPool].allocated + p[kLargePool].allocated) << where;
+        EXPECT_EQ(p[kAllPools].freed, p[kSmallPool].freed + p[kLargePool].freed) << where;
+      }
+      EXPECT_EQ(st.reserved_bytes[kAllPools].current - st.allocated_bytes[kAllPools].current,
+                st.free_mapped_bytes + st.free_unmapped_bytes + st.partial_page_bytes + st.small_slack_bytes)
+          << where;
+      EXPECT_EQ(st.segment[kLargePool].current, st.chunks_held) << where;
+      EXPECT_EQ(st.reserved_bytes[kAllPools].current, st.chunks_held * st.granularity) << where;
+      const std::string table = format_summary(st);
+      EXPECT_NE(table.find("| " + std::to_string(st.segment[kAllPools].current) + " = " +
+                           std::to_string(st.chunks_held) + " chunks + " +
+                           std::to_string(st.segment[kSmallPool].current) + " small-pool slabs"),
+                std::string::npos)
+          << where << "\n" << table;
+    }
+  }
+  EXPECT_GE(traces, 10u);
 }
 
 }  // namespace

@@ -1,0 +1,108 @@
+// `gmem leaks` on gmem's own snapshots: the steps are the gmem.step() markers the snapshot carries
+// (not inferred), scopes read as scopes, times count from the trace's start; and a malformed trace
+// is rejected as replay rejects it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "gmem/engine.hpp"
+#include "gmem/error.hpp"
+#include "gmem/leaks.hpp"
+#include "gmem/scope.hpp"
+#include "gmem/sim_device.hpp"
+#include "gmem/snapshot.hpp"
+#include "gmem/trace.hpp"
+#include "gmem/tracker.hpp"
+
+namespace gmem {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+std::string temp_path(const std::string& name) {
+  const auto* test = testing::UnitTest::GetInstance()->current_test_info();
+  return testing::TempDir() + "gmem_" + test->name() + "_" + std::to_string(::getpid()) + "_" + name;
+}
+
+// Markers are placed among the allocations by time (microseconds): keep steps apart.
+void pause() { std::this_thread::sleep_for(std::chrono::microseconds(300)); }
+
+// A loop of `steps` steps in scope "model.1", each keeping `kept` bytes and freeing a temporary,
+// then half a step more (after the last marker), written as gmem's snapshot pickle.
+std::string leaking_snapshot(std::size_t steps, std::size_t kept) {
+  SimulatedDevice device(SimDeviceOptions{std::size_t{8} << 30});
+  Engine engine(device);
+  Tracker tracker(engine);
+  std::vector<void*> live;
+  for (std::size_t i = 0; i <= steps; ++i) {
+    {
+      Scope scope("model.1");
+      void* temp = engine.malloc(8 * MiB, 0);
+      live.push_back(engine.malloc(kept, 0));
+      engine.free(temp);
+    }
+    pause();
+    if (i < steps) tracker.step();
+    pause();
+  }
+  const std::string path = temp_path("snapshot.pickle");
+  write_snapshot_pickle(take_snapshot(engine, &tracker), path);
+  for (void* p : live) engine.free(p);
+  return path;
+}
+
+TEST(LeaksInGmemSnapshots, UseTheStepMarkers) {
+  const std::size_t steps = 15;
+  const trace::Trace t = trace::read_trace(leaking_snapshot(steps, 3 * MiB));
+  EXPECT_EQ(t.steps_us.size(), steps);
+  EXPECT_EQ(t.steps_source, "gmem.step() markers");
+  const LeakReport r = find_leaks(t);
+  EXPECT_TRUE(r.steps_marked);
+  EXPECT_EQ(r.periods, steps);
+  ASSERT_EQ(r.leaks.size(), 1u);
+  EXPECT_EQ(r.leaks[0].site, "scope model.1");
+  EXPECT_EQ(r.leaks[0].bytes_per_step, static_cast<std::int64_t>(3 * MiB));
+
+  const std::string text = format_leaks(r);
+  EXPECT_NE(text.find("15 step boundaries, from gmem.step() markers"), std::string::npos) << text;
+  EXPECT_NE(text.find("cause: leak: scope model.1 keeps +3.00 MiB a step"), std::string::npos) << text;
+  EXPECT_EQ(text.find("<gmem scope>"), std::string::npos) << text;
+  EXPECT_NE(text.find(" ms into the trace"), std::string::npos) << text;  // not epoch microseconds
+  EXPECT_GE(r.leaks[0].first_seen_us, r.start_us);
+  EXPECT_LT(r.leaks[0].first_seen_us - r.start_us, 10'000'000);
+}
+
+TEST(LeaksInGmemSnapshots, WithoutALeakTheMarkersStillCount) {
+  const trace::Trace t = trace::read_trace(leaking_snapshot(6, 0 + 512));
+  LeakReport r = find_leaks(t);
+  EXPECT_EQ(r.periods, 6u);
+  EXPECT_TRUE(r.steps_marked);
+}
+
+TEST(LeaksInTraces, InferredStepsSaySo) {
+  const LeakReport r = find_leaks(trace::read_trace(std::string(GMEM_TEST_DATA) + "/tiny_leak.snapshot.pickle"));
+  EXPECT_FALSE(r.steps_marked);
+  const std::string text = format_leaks(r);
+  EXPECT_NE(text.find("inferred from recurring allocation (the file has no step markers)"), std::string::npos) << text;
+  EXPECT_NE(text.find("cause: leak: capture2.py:73:run"), std::string::npos) << text;
+}
+
+TEST(LeaksInTraces, MalformedTraceIsRejectedAsReplayRejectsIt) {
+  const std::string path = temp_path("bad.csv");
+  std::ofstream(path) << "action,addr,size,stream,time_us,user_frame,lib_frame\n"
+                      << "alloc,4096,512,0,1,a.py:1:f,\n"
+                      << "free_completed,8192,512,0,2,a.py:1:f,\n";
+  try {
+    find_leaks(trace::read_trace(path));
+    FAIL() << "accepted a free of an address never allocated";
+  } catch (const BadInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.csv:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("which is not live"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace gmem
