@@ -69,7 +69,9 @@ print("ok")
 """
 
 MODEL_CHILD = PRELUDE + r"""
-gmem.enable_tracking()
+# Sites by module scope: every FakeModule allocates on one line of test_observe.py, which Python
+# stacks would name for both.
+gmem.enable_tracking(stacks="thread")
 # FakeModule keeps what its forward allocates: model.0 keeps 4 KiB a call, the model 2 KiB.
 model = FakeModule(2048, FakeModule(4096))
 watching = gmem.torch.watch(model)
