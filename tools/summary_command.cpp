@@ -1,16 +1,19 @@
-// gmem summary [--at end|peak] [--json] FILE...: the memory summary of a trace replayed through gmem.
+// gmem summary [--at end|peak] [--json] [--ranks] FILE...: the memory summary of a trace replayed
+// through gmem; with --ranks, one row per rank's trace, compared.
+#include <algorithm>
 #include <cstdio>
 
 #include "common/json.hpp"
 #include "args.hpp"
 #include "commands.hpp"
+#include "gmem/error.hpp"
 #include "gmem/summary.hpp"
 #include "gmem/trace.hpp"
 
 namespace gmem::cli {
 
 const char kSummaryUsage[] =
-    "usage: gmem summary [--at end|peak] [--top N] [--json] [--max-... N] FILE...\n"
+    "usage: gmem summary [--at end|peak] [--top N] [--json] [--ranks] [--max-... N] FILE...\n"
     "\n"
     "Replays an allocation trace (PyTorch trace CSV, snapshot pickle, RMM log) through gmem's engine\n"
     "on a simulated device and prints the memory summary at the trace's end or just after its peak\n"
@@ -23,10 +26,76 @@ const char kSummaryUsage[] =
     "  --top N        sites listed (default: 10)\n"
     "  --json         one JSON object per file: {\"trace\", \"at\", \"events\", \"device\", \"note\",\n"
     "                 \"stats\": {PyTorch-style names}, \"reserved_unallocated\", \"largest_free_range\", \"top\"}\n"
+    "  --ranks        the files are one trace or snapshot per rank of a distributed job, rank 0\n"
+    "                 first: one table, a row per rank (allocated, peaks, gmem's reserved, the top\n"
+    "                 site), the imbalance, and the top sites of the rank that sets the peak\n"
+    "                 (with --json: {\"ranks\": [...], \"peak_rank\", \"imbalance\"})\n"
     GMEM_CLI_READ_LIMITS_USAGE;
+
+namespace {
+
+// One table over the ranks' summaries (files given rank 0 first).
+void print_ranks(const std::vector<TraceSummary>& ranks, bool json) {
+  auto peak_reserved = [](const TraceSummary& s) { return s.stats.reserved_bytes[kAllPools].peak; };
+  auto bytes = [](std::int64_t n) { return format_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(n, 0))); };
+  std::size_t peak_rank = 0;
+  std::int64_t total = 0, lowest = peak_reserved(ranks[0]);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    if (peak_reserved(ranks[r]) > peak_reserved(ranks[peak_rank])) peak_rank = r;
+    total += peak_reserved(ranks[r]);
+    lowest = std::min(lowest, peak_reserved(ranks[r]));
+  }
+  const double mean = static_cast<double>(total) / static_cast<double>(ranks.size());
+  const double imbalance = mean > 0 ? static_cast<double>(peak_reserved(ranks[peak_rank])) / mean : 1.0;
+  if (json) {
+    json::Writer w;
+    w.begin_object().key("ranks").begin_array();
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const MemoryStats& st = ranks[r].stats;
+      w.begin_object()
+          .field("rank", std::uint64_t{r})
+          .field("trace", std::string_view(ranks[r].trace_name))
+          .field("allocated", st.allocated_bytes[kAllPools].current)
+          .field("peak_allocated", st.allocated_bytes[kAllPools].peak)
+          .field("reserved", st.reserved_bytes[kAllPools].current)
+          .field("peak_reserved", st.reserved_bytes[kAllPools].peak)
+          .key("top")
+          .begin_array();
+      for (const TopAllocation& t : ranks[r].top)
+        w.begin_object().field("site", std::string_view(t.site)).field("bytes", t.bytes).end_object();
+      w.end_array().end_object();
+    }
+    w.end_array().field("peak_rank", std::uint64_t{peak_rank}).field("imbalance", imbalance).end_object();
+    std::puts(w.str().c_str());
+    return;
+  }
+  std::printf("%-5s %-24s %12s %12s %14s %14s  %s\n", "rank", "trace", "allocated", "peak alloc",
+              "gmem reserved", "peak reserved", "top site");
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const MemoryStats& st = ranks[r].stats;
+    const std::string top =
+        ranks[r].top.empty() ? "-" : ranks[r].top[0].site + " (" + bytes(ranks[r].top[0].bytes) + ")";
+    std::printf("%-5zu %-24.24s %12s %12s %14s %14s  %s\n", r, ranks[r].trace_name.c_str(),
+                bytes(st.allocated_bytes[kAllPools].current).c_str(),
+                bytes(st.allocated_bytes[kAllPools].peak).c_str(),
+                bytes(st.reserved_bytes[kAllPools].current).c_str(),
+                bytes(st.reserved_bytes[kAllPools].peak).c_str(), top.c_str());
+  }
+  std::printf("imbalance: rank %zu peaks at %s, %.2fx the mean over ranks, %s above the lowest\n",
+              peak_rank, bytes(peak_reserved(ranks[peak_rank])).c_str(), imbalance,
+              bytes(peak_reserved(ranks[peak_rank]) - lowest).c_str());
+  if (!ranks[peak_rank].top.empty()) {
+    std::printf("rank %zu holds most at:\n", peak_rank);
+    for (const TopAllocation& t : ranks[peak_rank].top)
+      std::printf("  %12s  %s\n", bytes(t.bytes).c_str(), t.site.c_str());
+  }
+}
+
+}  // namespace
 
 int summary_command(const Args& args) {
   bool json = false;
+  bool ranks = false;
   SummaryPoint at = SummaryPoint::end;
   std::size_t top = 10;
   trace::ReadLimits limits;
@@ -36,6 +105,8 @@ int summary_command(const Args& args) {
     if (parse_read_limit(args, i, limits)) continue;
     if (arg == "--json") {
       json = true;
+    } else if (arg == "--ranks") {
+      ranks = true;
     } else if (arg == "--at") {
       const std::string& where = option_value(args, i);
       if (where == "end") at = SummaryPoint::end;
@@ -53,6 +124,13 @@ int summary_command(const Args& args) {
     }
   }
   if (files.empty()) throw UsageError("no trace given (usage: gmem summary [--at end|peak] [--json] FILE...)");
+  if (ranks) {
+    std::vector<TraceSummary> summaries;
+    for (const std::string& file : files)
+      summaries.push_back(summarize_trace(trace::read_trace(file, limits), at, top));
+    print_ranks(summaries, json);
+    return 0;
+  }
   for (std::size_t i = 0; i < files.size(); ++i) {
     const TraceSummary s = summarize_trace(trace::read_trace(files[i], limits), at, top);
     if (json) {
