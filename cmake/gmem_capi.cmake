@@ -2,6 +2,7 @@
 # torch's CUDAPluggableAllocator. It carries the engine inside and exports only gmem_* symbols.
 add_library(gmem_shared SHARED
   ${PROJECT_SOURCE_DIR}/src/capi/gmem_c.cpp
+  ${PROJECT_SOURCE_DIR}/src/capi/engine_c.cpp
   ${PROJECT_SOURCE_DIR}/src/capi/observe_c.cpp
   ${PROJECT_SOURCE_DIR}/src/capi/registry.cpp)
 set_target_properties(gmem_shared PROPERTIES

@@ -48,6 +48,73 @@ gmem_status_t gmem_stats_text(int device, char* buf, size_t size, size_t* needed
  * filled as by gmem_stats_text. */
 gmem_status_t gmem_memory_summary(int device, char* buf, size_t size, size_t* needed);
 
+/* --- Engines as handles: the device's own engine and private pools ----------------------------
+ *
+ * What gmem's PyTorch allocator (python/gmem/_torch_allocator.cpp) builds on. A private pool is an
+ * engine of its own on the device: memory freed inside it is reused only by allocations made from
+ * it, never by the device's engine or another pool (a CUDA graph replay writes into the blocks its
+ * capture allocated, even after they were freed). Its physical memory goes back to the device when
+ * the pool is destroyed or its cache emptied. Pool pointers are freed with gmem_engine_free on the
+ * pool, never with gmem_free. */
+typedef struct gmem_engine gmem_engine_t;
+
+/* The engine behind gmem_malloc for `device` (-1 = current); lives as long as the process. */
+gmem_status_t gmem_device_engine(int device, gmem_engine_t** engine);
+/* A new private pool on `device`, with the device engine's memory limit. */
+gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool);
+/* Destroys a pool, giving its memory back to the device. Refused (GMEM_ERROR_INVALID_ARGUMENT)
+ * while it has live blocks, and for a device's own engine. */
+gmem_status_t gmem_pool_destroy(gmem_engine_t* pool);
+/* 1 for a pool, 0 for a device's engine, -1 for NULL. */
+int gmem_engine_is_pool(const gmem_engine_t* engine);
+int gmem_engine_device(const gmem_engine_t* engine);
+
+/* As gmem_malloc / gmem_free / gmem_record_stream / gmem_empty_cache, on that engine. The device
+ * engine's malloc leaves an OOM report (gmem_observe.h) as gmem_malloc does. */
+gmem_status_t gmem_engine_malloc(gmem_engine_t* engine, void** ptr, size_t size, uintptr_t stream);
+gmem_status_t gmem_engine_free(gmem_engine_t* engine, void* ptr);
+gmem_status_t gmem_engine_record_stream(gmem_engine_t* engine, void* ptr, uintptr_t stream);
+gmem_status_t gmem_engine_empty_cache(gmem_engine_t* engine);
+gmem_status_t gmem_engine_reset_peak_stats(gmem_engine_t* engine);
+gmem_status_t gmem_engine_reset_accumulated_stats(gmem_engine_t* engine);
+
+/* One statistic: its value now, its peak since the last reset, and the running totals. */
+typedef struct gmem_stat {
+  int64_t current, peak, allocated, freed;
+} gmem_stat_t;
+
+/* An engine's statistics as numbers, PyTorch's DeviceStats field for field. Arrays are indexed
+ * [0] all, [1] small pool (<= 1 MiB), [2] large pool. */
+typedef struct gmem_engine_stats {
+  gmem_stat_t allocation[3], segment[3], active[3], inactive_split[3];
+  gmem_stat_t allocated_bytes[3], reserved_bytes[3], active_bytes[3], inactive_split_bytes[3],
+      requested_bytes[3];
+  int64_t num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc, num_device_free;
+  int64_t memory_limit, granularity;
+  /* Filled only when `detailed` is nonzero (they walk the engine; 0 otherwise, and
+   * inactive_split* read 0 too): the largest free range ready to use, and the free bytes that a
+   * new allocation can take without asking the device (whole pages mapped or held). */
+  int64_t largest_free_range, free_mapped_bytes, free_unmapped_bytes;
+} gmem_engine_stats_t;
+
+gmem_status_t gmem_engine_stats(gmem_engine_t* engine, int detailed, gmem_engine_stats_t* stats);
+
+/* A live allocation. */
+typedef struct gmem_block {
+  void* ptr;
+  size_t size;      /* rounded size handed out */
+  size_t requested; /* size asked for */
+  uintptr_t stream;
+} gmem_block_t;
+
+/* The live block that starts at `ptr` (GMEM_ERROR_INVALID_POINTER when none does). */
+gmem_status_t gmem_engine_block(gmem_engine_t* engine, const void* ptr, gmem_block_t* block);
+/* Calls visit(user, block) for every live block, under the engine's lock: `visit` must not call
+ * gmem. */
+gmem_status_t gmem_engine_for_each_block(gmem_engine_t* engine,
+                                         void (*visit)(void* user, const gmem_block_t* block),
+                                         void* user);
+
 /* torch.cuda.memory.CUDAPluggableAllocator entry points, for torch only. gmem_torch_malloc returns
  * NULL for size 0 and throws a C++ exception on failure (torch turns it into a RuntimeError;
  * CUDAPluggableAllocator does not check for NULL); C and ctypes callers use gmem_malloc. The

@@ -324,6 +324,116 @@ TEST(CApiFirstUse, ThreadsRacingToCreateTheEngineShareOne) {
   for (void* ptr : ptrs) EXPECT_EQ(gmem_free(ptr), GMEM_OK) << last_error();
 }
 
+// --- Engines as handles and private pools ---------------------------------------------------
+
+gmem_engine_t* device_engine() {
+  gmem_engine_t* engine = nullptr;
+  EXPECT_EQ(gmem_device_engine(0, &engine), GMEM_OK) << gmem_last_error();
+  return engine;
+}
+
+gmem_engine_stats_t stats_of(gmem_engine_t* engine, int detailed = 0) {
+  gmem_engine_stats_t stats{};
+  EXPECT_EQ(gmem_engine_stats(engine, detailed, &stats), GMEM_OK) << gmem_last_error();
+  return stats;
+}
+
+TEST_F(CApi, DeviceEngineHandleIsTheEngineBehindGmemMalloc) {
+  gmem_engine_t* engine = device_engine();
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine, device_engine());  // one handle per device
+  EXPECT_EQ(gmem_engine_is_pool(engine), 0);
+  EXPECT_EQ(gmem_engine_device(engine), 0);
+  void* ptr = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(engine, &ptr, 3 * kMiB, 0), GMEM_OK) << last_error();
+  // The numbers agree with the named statistics of gmem_stat.
+  const gmem_engine_stats_t s = stats_of(engine);
+  EXPECT_EQ(s.allocated_bytes[0].current, stat("allocated_bytes.all.current"));
+  EXPECT_EQ(s.allocated_bytes[2].current, stat("allocated_bytes.large_pool.current"));
+  EXPECT_EQ(s.reserved_bytes[0].peak, stat("reserved_bytes.all.peak"));
+  EXPECT_EQ(s.allocation[0].allocated, stat("allocation.all.allocated"));
+  EXPECT_EQ(s.num_ooms, stat("num_ooms"));
+  EXPECT_EQ(s.granularity, 2 * static_cast<int64_t>(kMiB));
+  gmem_block_t block{};
+  ASSERT_EQ(gmem_engine_block(engine, ptr, &block), GMEM_OK) << last_error();
+  EXPECT_EQ(block.ptr, ptr);
+  EXPECT_EQ(block.size, 3 * kMiB);
+  EXPECT_EQ(block.requested, 3 * kMiB);
+  EXPECT_EQ(gmem_engine_block(engine, static_cast<char*>(ptr) + 512, &block),
+            GMEM_ERROR_INVALID_POINTER);
+  ASSERT_EQ(gmem_free(ptr), GMEM_OK) << last_error();  // same engine as gmem_malloc's
+  EXPECT_EQ(gmem_pool_destroy(engine), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "only pools")) << last_error();
+}
+
+TEST_F(CApi, PoolMemoryIsNeverHandedToTheDeviceEngine) {
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(0, &pool), GMEM_OK) << last_error();
+  EXPECT_EQ(gmem_engine_is_pool(pool), 1);
+  // 600 MiB of the simulated 1 GiB: taken by the pool, freed there, cached there.
+  void* in_pool = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(pool, &in_pool, 600 * kMiB, 0), GMEM_OK) << last_error();
+  EXPECT_EQ(stats_of(pool).allocated_bytes[0].current, static_cast<int64_t>(600 * kMiB));
+  EXPECT_EQ(stats_of(device_engine()).allocated_bytes[0].current, allocated_before_);
+  ASSERT_EQ(gmem_engine_free(pool, in_pool), GMEM_OK) << last_error();
+  EXPECT_GE(stats_of(pool).reserved_bytes[0].current, static_cast<int64_t>(600 * kMiB));
+
+  // The device engine cannot reuse the pool's cached memory: with it held there, 600 MiB more
+  // does not fit. (Its own cache from earlier tests is emptied first.)
+  ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
+  void* outside = nullptr;
+  EXPECT_EQ(gmem_malloc(&outside, 600 * kMiB, 0, 0), GMEM_ERROR_OUT_OF_MEMORY);
+
+  // The pool reuses its own memory.
+  void* again = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(pool, &again, 600 * kMiB, 0), GMEM_OK) << last_error();
+  gmem_block_t block{};
+  EXPECT_EQ(gmem_engine_block(device_engine(), again, &block), GMEM_ERROR_INVALID_POINTER);
+  ASSERT_EQ(gmem_engine_block(pool, again, &block), GMEM_OK) << last_error();
+
+  // Destroying a pool with live blocks is refused; once they are freed its memory goes back.
+  EXPECT_EQ(gmem_pool_destroy(pool), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(last_error(), "1 live block(s)")) << last_error();
+  ASSERT_EQ(gmem_engine_free(pool, again), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_malloc(&outside, 600 * kMiB, 0, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_free(outside), GMEM_OK);
+  ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
+}
+
+TEST_F(CApi, PoolListsItsBlocksAndEmptiesItsCache) {
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(-1, &pool), GMEM_OK) << last_error();
+  std::vector<void*> ptrs(3);
+  for (std::size_t i = 0; i < ptrs.size(); ++i)
+    ASSERT_EQ(gmem_engine_malloc(pool, &ptrs[i], (i + 1) * kMiB + 100, 0), GMEM_OK);
+  struct Seen {
+    std::vector<gmem_block_t> blocks;
+  } seen;
+  ASSERT_EQ(gmem_engine_for_each_block(
+                pool,
+                [](void* user, const gmem_block_t* b) {
+                  static_cast<Seen*>(user)->blocks.push_back(*b);
+                },
+                &seen),
+            GMEM_OK);
+  ASSERT_EQ(seen.blocks.size(), 3u);
+  std::size_t requested = 0;
+  for (const gmem_block_t& b : seen.blocks) requested += b.requested;
+  EXPECT_EQ(requested, 6 * kMiB + 300);
+  for (void* ptr : ptrs) ASSERT_EQ(gmem_engine_free(pool, ptr), GMEM_OK);
+  EXPECT_EQ(gmem_engine_free(pool, ptrs[0]), GMEM_ERROR_DOUBLE_FREE);
+  EXPECT_GT(stats_of(pool).reserved_bytes[0].current, 0);
+  ASSERT_EQ(gmem_engine_empty_cache(pool), GMEM_OK);
+  EXPECT_EQ(stats_of(pool).reserved_bytes[0].current, 0);
+  EXPECT_EQ(stats_of(pool).allocation[0].allocated, 3);
+  ASSERT_EQ(gmem_engine_reset_accumulated_stats(pool), GMEM_OK);
+  EXPECT_EQ(stats_of(pool).allocation[0].allocated, 0);
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+  EXPECT_EQ(gmem_engine_is_pool(nullptr), -1);
+  EXPECT_EQ(gmem_engine_malloc(nullptr, &ptrs[0], 10, 0), GMEM_ERROR_INVALID_ARGUMENT);
+}
+
 TEST(CApiLibrary, ExportsOnlyTheCApi) {
   EXPECT_NE(dlsym(RTLD_DEFAULT, "gmem_malloc"), nullptr);
   EXPECT_NE(dlsym(RTLD_DEFAULT, "gmem_torch_malloc"), nullptr);
