@@ -4,11 +4,20 @@
     gmem.torch.enable()      # before the first tensor goes to the GPU
     ...                      # torch.cuda.memory_allocated() & co now answer from gmem
 
-enable() swaps PyTorch's caching allocator for gmem through
-torch.cuda.memory.CUDAPluggableAllocator, wires PyTorch's optional allocator hooks
-(torch.cuda.empty_cache, set_per_process_memory_fraction, Tensor.record_stream) to gmem, and
-patches torch.cuda's statistics functions, which the pluggable allocator cannot answer, to read
-gmem's. An allocator can only be swapped before CUDA is initialised, so enable() must come first.
+enable() makes gmem PyTorch's CUDA allocator, one of two ways:
+
+  full       gmem's complete c10 CUDAAllocator (gmem/_torch_allocator.cpp), compiled at first use
+             against the installed torch (torch 2.11) and cached. Everything PyTorch asks its
+             allocator is answered by gmem from C++: statistics, empty_cache, CUDA graph pools
+             (torch.cuda.graph, MemPool, torch.compile(mode="reduce-overhead")), memory history
+             and snapshots, OOM observers. No Python function is patched.
+  pluggable  the fallback when that cannot be built (no compiler, no headers, another torch):
+             torch.cuda.memory.CUDAPluggableAllocator with malloc/free, PyTorch's optional hooks
+             (empty_cache, memory fraction, record_stream) wired to gmem, and torch.cuda's
+             statistics functions patched in Python to read gmem's. Said once, with a warning.
+
+GMEM_TORCH_ALLOCATOR=0 asks for the pluggable route. An allocator can only be swapped before CUDA
+is initialised, so enable() must come first.
 """
 
 import collections
@@ -42,11 +51,23 @@ _TOO_LATE = (
     "any tensor or module goes to the GPU (and before torch.cuda.init()), or start the program "
     "with `python -m gmem.run your_script.py ...`.")
 
-_state = {"allocator": None, "entry_points": None, "originals": {}}
+_FALLBACK = (
+    "gmem: using the CUDAPluggableAllocator fallback, because gmem's full PyTorch allocator is "
+    "unavailable (%s). malloc/free and torch.cuda's statistics work; CUDA graph pools "
+    "(torch.compile(mode='reduce-overhead')), memory history/snapshots and statistics read from "
+    "C++ do not.")
+
+_state = {"allocator": None, "entry_points": None, "originals": {}, "mode": None,
+          "fallback_warned": False}
 
 
 def is_enabled():
     return _state["allocator"] is not None
+
+
+def mode():
+    """'full' (gmem's CUDAAllocator), 'pluggable' (the fallback), or None when not enabled."""
+    return _state["mode"]
 
 
 def entry_points():
@@ -54,11 +75,13 @@ def entry_points():
     return _state["entry_points"]
 
 
-def enable(oom_shim=True, _allow_simulated=False):
+def enable(oom_shim=True, _allow_simulated=False, full=None):
     """Makes gmem PyTorch's CUDA allocator. Idempotent.
 
-    oom_shim: build/use the small shim (gmem/_torch_shim.cpp) that turns gmem's out-of-memory
-    into torch.OutOfMemoryError; without it PyTorch reports it as a RuntimeError.
+    full: use gmem's complete CUDAAllocator (None: unless GMEM_TORCH_ALLOCATOR=0); when it cannot
+    be built, warn once and fall back to the pluggable route.
+    oom_shim: on the pluggable route, build/use the small shim (gmem/_torch_shim.cpp) that turns
+    gmem's out-of-memory into torch.OutOfMemoryError; without it PyTorch reports a RuntimeError.
     Raises GmemError when PyTorch is missing or CUDA is already initialised.
     """
     if is_enabled():
@@ -72,6 +95,40 @@ def enable(oom_shim=True, _allow_simulated=False):
                         "out simulated addresses that CUDA kernels cannot use; unset GMEM_DEVICE")
     _check_not_too_late(torch)
 
+    if full is None:
+        full = os.environ.get("GMEM_TORCH_ALLOCATOR", "") != "0"
+    if full:
+        try:
+            library = _shim.load_allocator(torch)
+        except _shim.ShimUnavailable as e:
+            _warn_fallback(str(e))
+        else:
+            _install_full(library)
+            return
+    _enable_pluggable(torch, oom_shim)
+
+
+def _warn_fallback(reason):
+    if _state["fallback_warned"]:
+        return
+    _state["fallback_warned"] = True
+    warnings.warn(_FALLBACK % reason, RuntimeWarning, stacklevel=3)
+
+
+def _install_full(library):
+    import ctypes
+    error = ctypes.create_string_buffer(4096)
+    if library.gmem_torch_allocator_install(error, len(error)) != 0:
+        reason = error.value.decode("utf-8", "replace")
+        if "initialized" in reason:  # "Can't swap an already initialized allocator"
+            raise GmemError(_TOO_LATE % (" (%s)" % reason))
+        raise GmemError("gmem.torch.enable(): PyTorch refused gmem's allocator: %s" % reason)
+    _state["allocator"] = library  # keeps the library loaded for the process' lifetime
+    _state["entry_points"] = None
+    _state["mode"] = "full"
+
+
+def _enable_pluggable(torch, oom_shim):
     lib_path = _lib.library_path()
     points = (lib_path, "gmem_torch_malloc", "gmem_torch_free")
     if oom_shim:
@@ -80,7 +137,7 @@ def enable(oom_shim=True, _allow_simulated=False):
         except _shim.ShimUnavailable as e:
             warnings.warn("gmem: running without the torch shim (%s); out-of-memory will surface "
                           "as RuntimeError rather than torch.OutOfMemoryError" % e, RuntimeWarning,
-                          stacklevel=2)
+                          stacklevel=3)
 
     allocator = torch.cuda.memory.CUDAPluggableAllocator(*points)
     native = allocator.allocator()
@@ -95,6 +152,7 @@ def enable(oom_shim=True, _allow_simulated=False):
     # Keep the allocator (and through it the loaded libraries) alive for the process' lifetime.
     _state["allocator"] = allocator
     _state["entry_points"] = points
+    _state["mode"] = "pluggable"
     _patch(torch)
 
 
@@ -218,4 +276,4 @@ def _reset_for_tests():
     """Undoes the patches and forgets the allocator (PyTorch itself cannot swap back)."""
     for (module, name), original in _state["originals"].items():
         setattr(module, name, original)
-    _state.update(allocator=None, entry_points=None, originals={})
+    _state.update(allocator=None, entry_points=None, originals={}, mode=None)

@@ -70,7 +70,16 @@ def fake_torch(torch_dir="/nonexistent/torch", initialized=False, swap_error=Non
 
 
 class TorchFakeTestCase(unittest.TestCase):
-    def install(self, torch):
+    def install(self, torch, full=False):
+        """Puts `torch` in sys.modules; full=False asks for the pluggable route
+        (GMEM_TORCH_ALLOCATOR=0), True leaves the choice to enable()."""
+        env = mock.patch.dict(os.environ)
+        env.start()
+        self.addCleanup(env.stop)
+        if full:
+            os.environ.pop("GMEM_TORCH_ALLOCATOR", None)
+        else:
+            os.environ["GMEM_TORCH_ALLOCATOR"] = "0"
         modules = {"torch": torch}
         if torch is not None:
             modules.update({"torch.cuda": torch.cuda, "torch.cuda.memory": torch.cuda.memory})
@@ -131,6 +140,93 @@ class EnableTest(TorchFakeTestCase):
         gmem.torch._reset_for_tests()
         self.assertEqual(torch.cuda.memory_allocated(), "native")
         self.assertEqual(torch.cuda.memory.memory_stats(), "native")
+
+
+class FakeAllocatorLibrary:
+    """What _shim.load_allocator returns: gmem_torch_allocator_install answers `reason`."""
+
+    def __init__(self, reason=None):
+        self.reason = reason
+        self.installs = 0
+
+    def gmem_torch_allocator_install(self, error, size):
+        self.installs += 1
+        if self.reason is None:
+            return 0
+        error.value = self.reason.encode()[: size - 1]
+        return 1
+
+
+class FullAllocatorTest(TorchFakeTestCase):
+    def test_installs_gmem_allocator_and_patches_nothing(self):
+        torch = self.install(fake_torch(), full=True)
+        library = FakeAllocatorLibrary()
+        with mock.patch.object(_shim, "load_allocator", return_value=library):
+            gmem.torch.enable(_allow_simulated=True)
+            gmem.torch.enable(_allow_simulated=True)
+        self.assertEqual(library.installs, 1, "enable() twice installs once")
+        self.assertEqual(gmem.torch.mode(), "full")
+        self.assertEqual(torch.swapped, [], "no pluggable allocator")
+        self.assertEqual(torch.cuda.memory_allocated(), "native", "PyTorch's own functions stay")
+        self.assertIsNone(gmem.torch.entry_points())
+
+    def test_already_initialized_allocator_is_too_late(self):
+        self.install(fake_torch(), full=True)
+        library = FakeAllocatorLibrary("Can't swap an already initialized allocator")
+        with mock.patch.object(_shim, "load_allocator", return_value=library):
+            with self.assertRaises(gmem.GmemError) as caught:
+                gmem.torch.enable(_allow_simulated=True)
+        self.assertIn("must run before the first CUDA allocation", str(caught.exception))
+        self.assertIn("already initialized allocator", str(caught.exception))
+        self.assertFalse(gmem.torch.is_enabled())
+
+    def test_other_refusal_is_reported_as_such(self):
+        self.install(fake_torch(), full=True)
+        library = FakeAllocatorLibrary("something else")
+        with mock.patch.object(_shim, "load_allocator", return_value=library):
+            with self.assertRaises(gmem.GmemError) as caught:
+                gmem.torch.enable(_allow_simulated=True)
+        self.assertIn("PyTorch refused gmem's allocator: something else", str(caught.exception))
+
+    def test_unbuildable_allocator_falls_back_to_pluggable_and_says_so_once(self):
+        torch = self.install(fake_torch("/nonexistent/torch"), full=True)
+        with mock.patch.dict(gmem.torch._state, {"fallback_warned": False}):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+                gmem.torch._reset_for_tests()
+                gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+            self.assertEqual(gmem.torch.mode(), "pluggable")
+        fallback = [w for w in caught if "CUDAPluggableAllocator fallback" in str(w.message)]
+        self.assertEqual(len(fallback), 1, [str(w.message) for w in caught])
+        self.assertIn("torch's C++ headers are not installed", str(fallback[0].message))
+        self.assertEqual(fallback[0].filename, __file__, "the warning points at the caller")
+        self.assertEqual(len(torch.swapped), 2)
+        self.assertEqual(torch.cuda.memory_allocated(), gmem.memory_allocated(), "patched")
+
+    def test_allocator_needs_cuda_headers(self):
+        tmp = tempfile.mkdtemp(prefix="gmem-alloc-test-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        os.makedirs(os.path.join(tmp, "torch", "include", "c10", "util"))
+        open(os.path.join(tmp, "torch", "include", "c10", "util", "Exception.h"), "w").close()
+        torch = fake_torch(os.path.join(tmp, "torch"))
+        with mock.patch.object(_shim, "cuda_include_dir", return_value=None):
+            with self.assertRaises(_shim.ShimUnavailable) as caught:
+                _shim.build_allocator(torch)
+        self.assertIn("cuda_runtime_api.h", str(caught.exception))
+        with mock.patch.object(_shim, "cuda_include_dir", return_value=tmp), \
+                mock.patch.object(_shim, "gmem_include_dir", return_value=None):
+            with self.assertRaises(_shim.ShimUnavailable) as caught:
+                _shim.build_allocator(torch)
+        self.assertIn("GMEM_INCLUDE_DIR", str(caught.exception))
+
+    def test_allocator_can_be_declined(self):
+        with mock.patch.dict(os.environ, {"GMEM_TORCH_ALLOCATOR": "0"}):
+            with self.assertRaises(_shim.ShimUnavailable):
+                _shim.load_allocator(fake_torch())
+
+    def test_gmem_headers_are_found_in_the_repository(self):
+        self.assertTrue(os.path.isfile(os.path.join(_shim.gmem_include_dir(), "gmem", "gmem.h")))
 
 
 class RefusalTest(TorchFakeTestCase):

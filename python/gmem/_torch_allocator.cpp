@@ -1,0 +1,965 @@
+// gmem as PyTorch's CUDA allocator: a complete c10::cuda::CUDACachingAllocator::CUDAAllocator
+// over libgmem's C API (include/gmem/gmem.h), written for PyTorch 2.11's interface.
+//
+// Built by gmem/_shim.py at first use against the installed torch's headers, linked to libc10,
+// libc10_cuda, libtorch_cuda and to the very libgmem.so the Python package loaded; cached. libgmem
+// itself stays free of torch. Installed with torch::cuda::CUDAPluggableAllocator::
+// changeCurrentAllocator (gmem_torch_allocator_install), which PyTorch allows only before its
+// current allocator is initialised.
+//
+// What each method does (answered by gmem, delegated, refused) is tabled in python/README.md.
+//
+// Design:
+//   * The hot path is one engine call: malloc goes to the device's engine unless a private pool is
+//     being allocated to (one atomic load says whether any is), free goes to gmem_free unless a
+//     pool block is live anywhere (another atomic load). Pools and history take a mutex.
+//   * A private pool (CUDA graphs, MemPool) is an engine of its own (gmem_pool_create), so memory
+//     freed inside it is never handed to allocations outside it: a graph replay writes there.
+//     It is destroyed once released by every user and empty of live blocks.
+//   * History (torch.cuda.memory._record_memory_history) keeps PyTorch's GatheredContext per block
+//     and in trace entries, so torch's own _snapshot() symbolises the stacks as it does for its
+//     allocator.
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "gmem/gmem.h"
+
+namespace gmem_torch {
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::DeviceIndex;
+using c10::MempoolId_t;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
+
+constexpr int kMaxDevices = 64;  // as libgmem
+constexpr std::size_t kSmallLimit = std::size_t{1} << 20;  // gmem's small pool: <= 1 MiB
+
+const char kIpcRefusal[] =
+    "gmem: sending CUDA tensors between processes (torch.multiprocessing, CUDA IPC) is not "
+    "supported by gmem's allocator: its memory is mapped through CUDA's virtual memory API, "
+    "which cudaIpcGetMemHandle cannot export. Send CPU tensors (tensor.cpu()) or let each "
+    "process allocate its own CUDA tensors, or run this program without gmem.torch.enable().";
+
+std::string last_gmem_error() { return gmem_last_error(); }
+
+// One private pool: its engine, how many users hold it (graphs, MemPool objects, begun
+// allocate-to-pool routes), and its live blocks (for checkPoolLiveAllocations and snapshots).
+struct Pool {
+  MempoolId_t id{0, 0};
+  DeviceIndex device = 0;
+  gmem_engine_t* engine = nullptr;
+  int use_count = 0;
+  bool use_on_oom = false;
+  std::unordered_set<void*> live;
+};
+
+// An allocate-to-pool route begun by beginAllocateToPool: mallocs on streams `filter` accepts go
+// to the pool.
+struct Route {
+  MempoolId_t id;
+  std::function<bool(cudaStream_t)> filter;
+};
+
+// What history remembers of a block allocated while it was on.
+struct TracedBlock {
+  std::size_t size = 0;
+  DeviceIndex device = 0;
+  cudaStream_t stream = nullptr;
+  MempoolId_t pool{0, 0};
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
+// A pool's live blocks at getCheckpointState (cudagraph trees).
+struct PoolCheckpoint final : cca::AllocatorState {
+  MempoolId_t id{0, 0};
+  DeviceIndex device = 0;
+  std::unordered_set<void*> live;
+};
+
+c10::CachingAllocator::Stat to_stat(const gmem_stat_t& s) {
+  c10::CachingAllocator::Stat out;
+  out.current = s.current;
+  out.peak = s.peak;
+  out.allocated = s.allocated;
+  out.freed = s.freed;
+  return out;
+}
+
+// Adds one engine's numbers into PyTorch's DeviceStats. Peaks add up to an upper bound of the
+// peak of the sum (engines peak at different times).
+void add_stats(DeviceStats& out, const gmem_engine_stats_t& s) {
+  auto add = [](c10::CachingAllocator::StatArray& to, const gmem_stat_t (&from)[3]) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const c10::CachingAllocator::Stat v = to_stat(from[i]);
+      to[i].current += v.current;
+      to[i].peak += v.peak;
+      to[i].allocated += v.allocated;
+      to[i].freed += v.freed;
+    }
+  };
+  add(out.allocation, s.allocation);
+  add(out.segment, s.segment);
+  add(out.active, s.active);
+  add(out.inactive_split, s.inactive_split);
+  add(out.allocated_bytes, s.allocated_bytes);
+  add(out.reserved_bytes, s.reserved_bytes);
+  add(out.active_bytes, s.active_bytes);
+  add(out.inactive_split_bytes, s.inactive_split_bytes);
+  add(out.requested_bytes, s.requested_bytes);
+  out.num_alloc_retries += s.num_alloc_retries;
+  out.num_ooms += s.num_ooms;
+  out.num_sync_all_streams += s.num_sync_all_streams;
+  out.num_device_alloc += s.num_device_alloc;
+  out.num_device_free += s.num_device_free;
+}
+
+void raw_delete_fn(void* ptr);
+
+class GmemAllocator final : public cca::CUDAAllocator {
+ public:
+  // --- allocation --------------------------------------------------------------------------
+
+  c10::DataPtr allocate(size_t size) override {
+    const DeviceIndex device = c10::cuda::current_device();
+    void* ptr = malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {ptr, ptr, &raw_delete_fn, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_delete_fn; }
+
+  void* raw_alloc(size_t nbytes) override {
+    const DeviceIndex device = c10::cuda::current_device();
+    return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    return malloc(nbytes, c10::cuda::current_device(), stream);
+  }
+
+  void raw_delete(void* ptr) override { free(ptr); }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  void* malloc(size_t size, DeviceIndex device, cudaStream_t stream) {
+    // Empty tensors: PyTorch's allocator hands out no memory for them either.
+    if (size == 0) return nullptr;
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "gmem: device ", int(device),
+                " is out of range");
+    // Stacks are gathered before any lock: the recorder may take the GIL.
+    std::shared_ptr<c10::GatheredContext> context = gather_context();
+    void* ptr = nullptr;
+    MempoolId_t pool_id{0, 0};
+    if (routes_active_.load(std::memory_order_acquire) != 0 &&
+        malloc_in_pool(size, device, stream, &ptr, &pool_id)) {
+      // served by a private pool
+    } else {
+      const gmem_status_t status =
+          gmem_engine_malloc(device_engine(device), &ptr, size, reinterpret_cast<uintptr_t>(stream));
+      if (status == GMEM_ERROR_OUT_OF_MEMORY) {
+        ptr = malloc_after_oom(size, device, stream, &pool_id);
+      } else if (status != GMEM_OK) {
+        TORCH_CHECK(false, "gmem: ", last_gmem_error());
+      }
+    }
+    if (tracing_.load(std::memory_order_relaxed)) {
+      record_alloc(ptr, size, device, stream, pool_id, std::move(context));
+    }
+    return ptr;
+  }
+
+  void free(void* ptr) {
+    if (ptr == nullptr) return;
+    if (tracing_.load(std::memory_order_relaxed)) record_free(ptr);
+    if (pool_blocks_.load(std::memory_order_acquire) != 0 && free_in_pool(ptr)) return;
+    // Deleters run in destructors, where throwing would terminate the process: report and go on.
+    if (gmem_free(ptr) != GMEM_OK) std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
+  }
+
+  // --- lifecycle ---------------------------------------------------------------------------
+
+  void init(int device_count) override {
+    std::lock_guard lock(history_mutex_);
+    device_count_ = device_count;
+    traces_.resize(static_cast<std::size_t>(std::max(device_count, 1)));
+    initialized_.store(true, std::memory_order_release);
+  }
+
+  bool initialized() override { return initialized_.load(std::memory_order_acquire); }
+
+  std::string name() override { return "gmem"; }
+
+  void enable(bool value) override { enabled_.store(value); }
+  bool isEnabled() const override { return enabled_.load(); }
+
+  // --- memory fraction, caches, statistics --------------------------------------------------
+
+  double getMemoryFraction(DeviceIndex device) override {
+    check_device(device);
+    const double fraction = fractions_[static_cast<std::size_t>(device)].load();
+    return fraction > 0.0 ? fraction : 1.0;
+  }
+
+  void setMemoryFraction(double fraction, DeviceIndex device) override {
+    check_device(device);
+    TORCH_CHECK(gmem_set_memory_fraction(device, fraction) == GMEM_OK, "gmem: ",
+                last_gmem_error());
+    fractions_[static_cast<std::size_t>(device)].store(fraction);
+  }
+
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex) override {
+    return {};  // gmem has no expandable segments: every engine maps pages on demand
+  }
+
+  // {0, 0}: every device engine, and pools no graph or MemPool holds any more (their cached
+  // memory cannot be replayed into). A pool's id: that pool's cache, as asked.
+  void emptyCache(MempoolId_t mempool_id = {0, 0}) override {
+    std::vector<gmem_engine_t*> engines;
+    {
+      std::lock_guard lock(pools_mutex_);
+      for (auto& [id, pool] : pools_) {
+        if (mempool_id == MempoolId_t{0, 0} ? pool.use_count == 0 : id == mempool_id)
+          engines.push_back(pool.engine);
+      }
+      if (mempool_id == MempoolId_t{0, 0}) {
+        for (auto& slot : engines_)
+          if (gmem_engine_t* e = slot.load(std::memory_order_acquire)) engines.push_back(e);
+      }
+      for (gmem_engine_t* e : engines)
+        TORCH_CHECK(gmem_engine_empty_cache(e) == GMEM_OK, "gmem: ", last_gmem_error());
+    }
+  }
+
+  // The largest allocation that needs no new memory from outside gmem's reach: any free page
+  // held can be mapped into one range (gmem stitches), plus what the limit and the device allow.
+  void cacheInfo(DeviceIndex device, size_t* largest_block) override {
+    check_device(device);
+    gmem_engine_stats_t s{};
+    TORCH_CHECK(gmem_engine_stats(device_engine(device), 1, &s) == GMEM_OK, "gmem: ",
+                last_gmem_error());
+    size_t free_bytes = 0, total_bytes = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    }
+    const int64_t reserved = s.reserved_bytes[0].current;
+    const int64_t headroom =
+        std::min<int64_t>(static_cast<int64_t>(free_bytes), std::max<int64_t>(0, s.memory_limit - reserved));
+    const int64_t held_free = s.free_mapped_bytes + s.free_unmapped_bytes;
+    *largest_block = static_cast<size_t>(std::max(s.largest_free_range, held_free + headroom));
+  }
+
+  DeviceStats getDeviceStats(DeviceIndex device) override {
+    check_device(device);
+    DeviceStats out;
+    // O(1) per engine (no walk): inactive_split* read 0 here; gmem.memory_summary() has them.
+    for (gmem_engine_t* e : engines_of(device)) {
+      gmem_engine_stats_t s{};
+      TORCH_CHECK(gmem_engine_stats(e, 0, &s) == GMEM_OK, "gmem: ", last_gmem_error());
+      add_stats(out, s);
+    }
+    out.max_split_size = -1;  // gmem never refuses to split: PyTorch's "no limit"
+    return out;
+  }
+
+  void resetAccumulatedStats(DeviceIndex device) override {
+    check_device(device);
+    for (gmem_engine_t* e : engines_of(device))
+      TORCH_CHECK(gmem_engine_reset_accumulated_stats(e) == GMEM_OK, "gmem: ", last_gmem_error());
+  }
+
+  void resetPeakStats(DeviceIndex device) override {
+    check_device(device);
+    for (gmem_engine_t* e : engines_of(device))
+      TORCH_CHECK(gmem_engine_reset_peak_stats(e) == GMEM_OK, "gmem: ", last_gmem_error());
+  }
+
+  // --- blocks --------------------------------------------------------------------------------
+
+  // Every gmem block is its own base: blocks are never carved out of a larger cudaMalloc.
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    gmem_block_t block{};
+    gmem_engine_t* engine = engine_of_block(ptr);
+    TORCH_CHECK(engine != nullptr && gmem_engine_block(engine, ptr, &block) == GMEM_OK,
+                "gmem: getBaseAllocation(", ptr, "): not the start of a live gmem block");
+    if (size != nullptr) *size = block.size;
+    return ptr;
+  }
+
+  void recordStream(const c10::DataPtr& data, c10::cuda::CUDAStream stream) override {
+    void* ptr = data.get();
+    // Not ours (a tensor from another allocator, or an empty one): nothing to track, as PyTorch.
+    if (ptr == nullptr || data.get_deleter() != &raw_delete_fn) return;
+    gmem_engine_t* engine = engine_of_block(ptr);
+    TORCH_CHECK(engine != nullptr, "gmem: record_stream: ", ptr, " is not a gmem block");
+    TORCH_CHECK(gmem_engine_record_stream(engine, ptr,
+                                          reinterpret_cast<uintptr_t>(stream.stream())) == GMEM_OK,
+                "gmem: ", last_gmem_error());
+  }
+
+  // --- private pools -------------------------------------------------------------------------
+
+  void beginAllocateToPool(DeviceIndex device, MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    check_device(device);
+    std::lock_guard lock(pools_mutex_);
+    create_or_incref(device, mempool_id);
+    routes_[static_cast<std::size_t>(device)].push_back(Route{mempool_id, std::move(filter)});
+    routes_active_.fetch_add(1, std::memory_order_release);
+  }
+
+  void endAllocateToPool(DeviceIndex device, MempoolId_t mempool_id) override {
+    check_device(device);
+    std::lock_guard lock(pools_mutex_);
+    auto& routes = routes_[static_cast<std::size_t>(device)];
+    for (auto it = routes.begin(); it != routes.end(); ++it) {
+      if (it->id == mempool_id) {
+        routes.erase(it);
+        routes_active_.fetch_sub(1, std::memory_order_release);
+        return;
+      }
+    }
+    TORCH_CHECK(false, "gmem: endAllocateToPool: no allocation to pool (", mempool_id.first, ", ",
+                mempool_id.second, ") was begun on device ", int(device));
+  }
+
+  void releasePool(DeviceIndex device, MempoolId_t mempool_id) override {
+    std::lock_guard lock(pools_mutex_);
+    auto it = pools_.find(mempool_id);
+    TORCH_CHECK(it != pools_.end(), "gmem: releasePool: pool (", mempool_id.first, ", ",
+                mempool_id.second, ") does not exist on device ", int(device));
+    Pool& pool = it->second;
+    TORCH_CHECK(pool.use_count > 0, "gmem: releasePool: pool released more often than held");
+    if (--pool.use_count == 0) {
+      // No graph replays into it any more: its cache can go, and the pool once it is empty.
+      if (gmem_engine_empty_cache(pool.engine) != GMEM_OK)
+        std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
+      destroy_if_unused(it);
+    }
+  }
+
+  int getPoolUseCount(DeviceIndex, MempoolId_t mempool_id) override {
+    std::lock_guard lock(pools_mutex_);
+    auto it = pools_.find(mempool_id);
+    return it == pools_.end() ? 0 : it->second.use_count;
+  }
+
+  void createOrIncrefPool(DeviceIndex device, MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "gmem: a MemPool served by another allocator (MemPool(allocator=...)) is not "
+                "supported while gmem is PyTorch's allocator; create torch.cuda.MemPool() "
+                "without an allocator (gmem serves it as a private pool)");
+    check_device(device);
+    std::lock_guard lock(pools_mutex_);
+    create_or_incref(device, mempool_id);
+  }
+
+  void setUseOnOOM(DeviceIndex, MempoolId_t mempool_id, bool use_on_oom) override {
+    std::lock_guard lock(pools_mutex_);
+    auto it = pools_.find(mempool_id);
+    TORCH_CHECK(it != pools_.end(), "gmem: setUseOnOOM: no pool (", mempool_id.first, ", ",
+                mempool_id.second, ")");
+    it->second.use_on_oom = use_on_oom;
+  }
+
+  void setNoSplit(DeviceIndex, MempoolId_t) override {
+    // PyTorch's no-split keeps a pool's blocks whole for registration with NCCL; gmem's pool is
+    // an engine whose pages may be shared by small blocks. Accepted, and said once.
+    TORCH_WARN_ONCE("gmem: MemPool no_split is not honoured: gmem's pools map pages on demand");
+  }
+
+  bool checkPoolLiveAllocations(DeviceIndex, MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected) override {
+    std::lock_guard lock(pools_mutex_);
+    auto it = pools_.find(mempool_id);
+    if (it == pools_.end()) return expected.empty();
+    const auto& live = it->second.live;
+    if (live.size() != expected.size()) return false;
+    for (void* ptr : live)
+      if (expected.count(ptr) == 0) return false;
+    return true;
+  }
+
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(DeviceIndex device,
+                                                          MempoolId_t id) override {
+    std::lock_guard lock(pools_mutex_);
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->id = id;
+    state->device = device;
+    auto it = pools_.find(id);
+    if (it != pools_.end()) state->live = it->second.live;
+    return state;
+  }
+
+  // Brings a pool back to a checkpoint by freeing the blocks allocated since. gmem cannot put a
+  // block back at a given address, so a checkpoint whose blocks were freed since is refused.
+  cca::CheckpointDelta setCheckpointPoolState(
+      DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) override {
+    auto* state = dynamic_cast<PoolCheckpoint*>(pps.get());
+    TORCH_CHECK(state != nullptr, "gmem: setCheckpointPoolState: not a gmem checkpoint");
+    cca::CheckpointDelta delta;
+    std::vector<void*> to_free;
+    {
+      std::lock_guard lock(pools_mutex_);
+      auto it = pools_.find(state->id);
+      TORCH_CHECK(it != pools_.end(), "gmem: setCheckpointPoolState: the pool is gone");
+      for (void* ptr : state->live) {
+        TORCH_CHECK(it->second.live.count(ptr) != 0,
+                    "gmem: restoring a CUDA-graph pool checkpoint (cudagraph trees) needs block ",
+                    ptr, ", freed since; gmem cannot re-allocate a block at a given address. "
+                    "Set torch._inductor.config.triton.cudagraph_trees = False, or use "
+                    "mode='max-autotune-no-cudagraphs'");
+      }
+      for (void* ptr : it->second.live)
+        if (state->live.count(ptr) == 0) to_free.push_back(ptr);
+    }
+    (void)device;
+    for (void* ptr : to_free) {
+      free(ptr);
+      delta.ptrs_freed.push_back(ptr);
+    }
+    return delta;
+  }
+
+  // --- history and snapshots -----------------------------------------------------------------
+
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions) override {
+    std::lock_guard lock(history_mutex_);
+    record_history_ = enabled;
+    recorder_.store(enabled && when != RecordContext::NEVER ? context_recorder : nullptr);
+    when_ = when;
+    max_entries_ = std::max<size_t>(alloc_trace_max_entries, 1);
+    skip_actions_.clear();
+    for (const std::string& action : skip_actions)
+      skip_actions_.insert(c10::CachingDeviceAllocator::parseTraceEntryAction(action));
+    if (clear_history) {
+      for (auto& trace : traces_) trace.clear();
+      annotations_.clear();
+    }
+    tracing_.store(record_history_ || !trackers_.empty(), std::memory_order_relaxed);
+  }
+
+  bool isHistoryEnabled() override {
+    std::lock_guard lock(history_mutex_);
+    return record_history_;
+  }
+
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    if (!tracing_.load(std::memory_order_relaxed)) return;
+    c10::CachingDeviceAllocator::AnnotationEntry entry(c10::cuda::current_device(),
+                                                       c10::getApproximateTime());
+    for (const auto& [key, value] : md) entry.recordUserMetadata(key, value);
+    std::lock_guard lock(history_mutex_);
+    if (!record_history_) return;
+    if (annotations_.size() >= max_entries_) annotations_.pop_front();
+    annotations_.push_back(std::move(entry));
+  }
+
+  void pushCompileContext(std::string& md) override {
+    if (tracing_.load(std::memory_order_relaxed)) compile_contexts().push_back(md);
+  }
+
+  void popCompileContext() override {
+    auto& stack = compile_contexts();
+    if (!stack.empty()) stack.pop_back();
+  }
+
+  void setUserMetadata(const std::string& metadata) override {
+    std::lock_guard lock(history_mutex_);
+    user_metadata_ = metadata;
+  }
+
+  std::string getUserMetadata() override {
+    std::lock_guard lock(history_mutex_);
+    return user_metadata_;
+  }
+
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard lock(history_mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
+    std::lock_guard lock(history_mutex_);
+    trackers_.push_back(std::move(tracker));
+    tracing_.store(true, std::memory_order_relaxed);
+  }
+
+  // Segments are gmem's live blocks, one segment each (gmem has no cudaMalloc'd segments to carve
+  // blocks from); cached free memory is not listed (memory_stats has it).
+  cca::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
+    struct Found {
+      gmem_block_t block;
+      DeviceIndex device;
+      MempoolId_t pool;
+    };
+    std::vector<Found> found;
+    auto collect = [&](gmem_engine_t* engine, DeviceIndex device, MempoolId_t pool) {
+      struct Sink {
+        std::vector<Found>* out;
+        DeviceIndex device;
+        MempoolId_t pool;
+      } sink{&found, device, pool};
+      TORCH_CHECK(gmem_engine_for_each_block(
+                      engine,
+                      [](void* user, const gmem_block_t* b) {
+                        auto* s = static_cast<Sink*>(user);
+                        s->out->push_back(Found{*b, s->device, s->pool});
+                      },
+                      &sink) == GMEM_OK,
+                  "gmem: ", last_gmem_error());
+    };
+    {
+      std::lock_guard lock(pools_mutex_);
+      for (auto& [id, pool] : pools_)
+        if (mempool_id == MempoolId_t{0, 0} || id == mempool_id)
+          collect(pool.engine, pool.device, id);
+      if (mempool_id == MempoolId_t{0, 0}) {
+        for (int d = 0; d < kMaxDevices; ++d)
+          if (gmem_engine_t* e = engines_[static_cast<std::size_t>(d)].load())
+            collect(e, static_cast<DeviceIndex>(d), {0, 0});
+      }
+    }
+    std::sort(found.begin(), found.end(),
+              [](const Found& a, const Found& b) { return a.block.ptr < b.block.ptr; });
+
+    cca::SnapshotInfo info;
+    std::lock_guard lock(history_mutex_);
+    for (const Found& f : found) {
+      c10::CachingDeviceAllocator::SegmentInfo segment;
+      segment.device = f.device;
+      segment.address = reinterpret_cast<size_t>(f.block.ptr);
+      segment.total_size = segment.allocated_size = segment.active_size = f.block.size;
+      segment.requested_size = f.block.requested;
+      segment.stream = reinterpret_cast<void*>(f.block.stream);
+      segment.is_large = f.block.size > kSmallLimit;
+      segment.owner_private_pool_id = f.pool;
+      c10::CachingDeviceAllocator::BlockInfo block;
+      block.size = f.block.size;
+      block.requested_size = f.block.requested;
+      block.allocated = block.active = true;
+      auto traced = traced_.find(f.block.ptr);
+      if (traced != traced_.end()) block.context_when_allocated = traced->second.context;
+      segment.context_when_allocated = block.context_when_allocated;
+      segment.blocks.push_back(std::move(block));
+      info.segments.push_back(std::move(segment));
+    }
+    if (include_traces) {
+      auto to_unix_ns = clock_converter_.makeConverter();
+      const std::size_t devices = std::max<std::size_t>(traces_.size(), 1);
+      info.device_traces.resize(devices);
+      for (std::size_t d = 0; d < traces_.size(); ++d) {
+        for (const TraceEntry& entry : traces_[d]) {
+          TraceEntry copy = entry;
+          copy.time_.t_ = to_unix_ns(entry.time_.approx_t_) / 1000;  // microseconds
+          info.device_traces[d].push_back(std::move(copy));
+        }
+      }
+      for (const auto& entry : annotations_) {
+        auto copy = entry;
+        copy.time_.t_ = to_unix_ns(entry.time_.approx_t_) / 1000;
+        info.external_annotations.push_back(std::move(copy));
+      }
+    }
+    info.config_metadata = cca::AllocatorConfigInfo{};
+    info.config_metadata.last_allocator_settings = "gmem";
+    return info;
+  }
+
+  // --- IPC, peers, copies ----------------------------------------------------------------------
+
+  cca::ShareableHandle shareIpcHandle(void*) override { TORCH_CHECK(false, kIpcRefusal); }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string) override { TORCH_CHECK(false, kIpcRefusal); }
+
+  // As PyTorch: lets `dev` reach `dev_to_access`'s cudaMalloc memory. gmem's own mappings grant
+  // access to their device only; copies between devices go through memcpyAsync's peer copy.
+  void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override {
+    c10::cuda::CUDAGuard guard(dev);
+    const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();  // clear the sticky-free error
+      return;
+    }
+    C10_CUDA_CHECK(err);
+  }
+
+  // gmem's memory is cuMemMap'ed, so a copy between devices must be a peer copy whether or not
+  // peer access is on (plain cudaMemcpyAsync would fail without it).
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                          size_t count, cudaStream_t stream, bool /*p2p_enabled*/) override {
+    if (dst_device == src_device)
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+  }
+
+ private:
+  // --- engines ---------------------------------------------------------------------------------
+
+  static void check_device(DeviceIndex device) {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "gmem: device ", int(device),
+                " is out of range");
+  }
+
+  gmem_engine_t* device_engine(DeviceIndex device) {
+    auto& slot = engines_[static_cast<std::size_t>(device)];
+    if (gmem_engine_t* e = slot.load(std::memory_order_acquire)) return e;
+    gmem_engine_t* e = nullptr;
+    TORCH_CHECK(gmem_device_engine(device, &e) == GMEM_OK, "gmem: ", last_gmem_error());
+    slot.store(e, std::memory_order_release);  // the same handle whoever wins
+    return e;
+  }
+
+  // The device's engine and its pools' engines.
+  std::vector<gmem_engine_t*> engines_of(DeviceIndex device) {
+    std::vector<gmem_engine_t*> engines{device_engine(device)};
+    std::lock_guard lock(pools_mutex_);
+    for (auto& [id, pool] : pools_)
+      if (pool.device == device) engines.push_back(pool.engine);
+    return engines;
+  }
+
+  // The engine holding the live block at `ptr`: its pool's, else its device's.
+  gmem_engine_t* engine_of_block(void* ptr) {
+    if (pool_blocks_.load(std::memory_order_acquire) != 0) {
+      std::lock_guard lock(pools_mutex_);
+      auto it = pool_of_block_.find(ptr);
+      if (it != pool_of_block_.end()) return it->second->engine;
+    }
+    gmem_block_t block{};
+    for (auto& slot : engines_) {
+      gmem_engine_t* e = slot.load(std::memory_order_acquire);
+      if (e != nullptr && gmem_engine_block(e, ptr, &block) == GMEM_OK) return e;
+    }
+    return nullptr;
+  }
+
+  // --- pools (pools_mutex_ held) ---------------------------------------------------------------
+
+  Pool& create_or_incref(DeviceIndex device, MempoolId_t id) {
+    TORCH_CHECK(id != MempoolId_t({0, 0}), "gmem: pool id (0, 0) is the default pool");
+    auto it = pools_.find(id);
+    if (it == pools_.end()) {
+      Pool pool;
+      pool.id = id;
+      pool.device = device;
+      TORCH_CHECK(gmem_pool_create(device, &pool.engine) == GMEM_OK, "gmem: ", last_gmem_error());
+      it = pools_.emplace(id, std::move(pool)).first;
+    }
+    TORCH_CHECK(it->second.device == device, "gmem: pool (", id.first, ", ", id.second,
+                ") belongs to device ", int(it->second.device), ", not ", int(device));
+    ++it->second.use_count;
+    return it->second;
+  }
+
+  void destroy_if_unused(std::map<MempoolId_t, Pool>::iterator it) {
+    Pool& pool = it->second;
+    if (pool.use_count != 0 || !pool.live.empty()) return;
+    if (gmem_pool_destroy(pool.engine) != GMEM_OK) {
+      std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
+      return;  // keep it: its memory stays accounted for
+    }
+    pools_.erase(it);
+  }
+
+  Pool* route(DeviceIndex device, cudaStream_t stream) {
+    for (const Route& r : routes_[static_cast<std::size_t>(device)]) {
+      if (r.filter && !r.filter(stream)) continue;
+      auto it = pools_.find(r.id);
+      if (it != pools_.end()) return &it->second;
+    }
+    return nullptr;
+  }
+
+  void note_pool_block(Pool& pool, void* ptr) {
+    pool.live.insert(ptr);
+    pool_of_block_[ptr] = &pool;
+    pool_blocks_.fetch_add(1, std::memory_order_release);
+  }
+
+  // True when a begun route took the malloc; *ptr is then set, or an OOM is thrown.
+  bool malloc_in_pool(size_t size, DeviceIndex device, cudaStream_t stream, void** ptr,
+                      MempoolId_t* pool_id) {
+    gmem_engine_t* engine = nullptr;
+    {
+      // The pool malloc runs under the lock so that no release can destroy the pool meanwhile.
+      std::lock_guard lock(pools_mutex_);
+      Pool* pool = route(device, stream);
+      if (pool == nullptr) return false;
+      engine = pool->engine;
+      *pool_id = pool->id;
+      const gmem_status_t status =
+          gmem_engine_malloc(engine, ptr, size, reinterpret_cast<uintptr_t>(stream));
+      if (status == GMEM_OK) {
+        note_pool_block(*pool, *ptr);
+        return true;
+      }
+      TORCH_CHECK(status == GMEM_ERROR_OUT_OF_MEMORY, "gmem: ", last_gmem_error());
+    }
+    // Out of memory in the pool: what the device engine and released pools cache may go back.
+    release_caches_for(nullptr);
+    {
+      std::lock_guard lock(pools_mutex_);
+      Pool* pool = route(device, stream);
+      if (pool != nullptr &&
+          gmem_engine_malloc(pool->engine, ptr, size, reinterpret_cast<uintptr_t>(stream)) ==
+              GMEM_OK) {
+        note_pool_block(*pool, *ptr);
+        return true;
+      }
+    }
+    raise_oom(device, size);
+  }
+
+  // The device engine failed (after reclaiming its own cache): give back what released pools
+  // cache, try pools marked use_on_oom (MemPool(use_on_oom=True)), then the engine once more.
+  void* malloc_after_oom(size_t size, DeviceIndex device, cudaStream_t stream,
+                         MempoolId_t* pool_id) {
+    const std::string first_error = last_gmem_error();
+    {
+      std::lock_guard lock(pools_mutex_);
+      for (auto& [id, pool] : pools_) {
+        if (pool.device != device || !pool.use_on_oom) continue;
+        void* ptr = nullptr;
+        if (gmem_engine_malloc(pool.engine, &ptr, size, reinterpret_cast<uintptr_t>(stream)) ==
+            GMEM_OK) {
+          note_pool_block(pool, ptr);
+          *pool_id = id;
+          return ptr;
+        }
+      }
+    }
+    if (release_caches_for(device_engine(device))) {
+      void* ptr = nullptr;
+      if (gmem_engine_malloc(device_engine(device), &ptr, size,
+                             reinterpret_cast<uintptr_t>(stream)) == GMEM_OK)
+        return ptr;
+    }
+    raise_oom(device, size, first_error);
+  }
+
+  // Empties the caches of pools no user holds, and of the device engines other than `except`.
+  // True when any engine was emptied.
+  bool release_caches_for(gmem_engine_t* except) {
+    std::vector<gmem_engine_t*> engines;
+    {
+      std::lock_guard lock(pools_mutex_);
+      for (auto& [id, pool] : pools_)
+        if (pool.use_count == 0) engines.push_back(pool.engine);
+    }
+    for (auto& slot : engines_) {
+      gmem_engine_t* e = slot.load(std::memory_order_acquire);
+      if (e != nullptr && e != except) engines.push_back(e);
+    }
+    for (gmem_engine_t* e : engines) (void)gmem_engine_empty_cache(e);
+    return !engines.empty();
+  }
+
+  // Out of memory for good: tell the observers (torch's OOM hooks), record it, and throw the
+  // error torch turns into torch.OutOfMemoryError, carrying gmem's report.
+  [[noreturn]] void raise_oom(DeviceIndex device, size_t size, std::string message = {}) {
+    if (message.empty()) message = last_gmem_error();
+    size_t free_bytes = 0, total_bytes = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
+    }
+    const DeviceStats stats = getDeviceStats(device);
+    const auto allocated = static_cast<size_t>(stats.allocated_bytes[0].current);
+    std::vector<cca::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard lock(history_mutex_);
+      observers = oom_observers_;
+    }
+    if (tracing_.load(std::memory_order_relaxed))
+      record_trace(TraceEntry::OOM, device, free_bytes, size, nullptr, {0, 0}, nullptr);
+    for (const auto& observer : observers) observer(device, allocated, total_bytes, free_bytes);
+    C10_THROW_ERROR(OutOfMemoryError, "gmem: " + message);
+  }
+
+  // Frees a pool block; false when `ptr` is no pool's.
+  bool free_in_pool(void* ptr) {
+    std::lock_guard lock(pools_mutex_);
+    auto it = pool_of_block_.find(ptr);
+    if (it == pool_of_block_.end()) return false;
+    Pool* pool = it->second;
+    pool_of_block_.erase(it);
+    pool->live.erase(ptr);
+    pool_blocks_.fetch_sub(1, std::memory_order_release);
+    if (gmem_engine_free(pool->engine, ptr) != GMEM_OK)
+      std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
+    if (pool->use_count == 0 && pool->live.empty()) destroy_if_unused(pools_.find(pool->id));
+    return true;
+  }
+
+  // --- history ---------------------------------------------------------------------------------
+
+  static std::vector<std::string>& compile_contexts() {
+    thread_local std::vector<std::string> stack;
+    return stack;
+  }
+
+  std::shared_ptr<c10::GatheredContext> gather_context() {
+    cca::CreateContextFn recorder = recorder_.load(std::memory_order_relaxed);
+    return recorder != nullptr ? recorder() : nullptr;
+  }
+
+  void record_alloc(void* ptr, size_t size, DeviceIndex device, cudaStream_t stream,
+                    MempoolId_t pool, std::shared_ptr<c10::GatheredContext> context) {
+    {
+      std::lock_guard lock(history_mutex_);
+      if (record_history_) traced_[ptr] = TracedBlock{size, device, stream, pool, context};
+    }
+    const bool in_trace = when_ == RecordContext::ALLOC || when_ == RecordContext::ALL;
+    record_trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(ptr), size, stream, pool,
+                 in_trace ? std::move(context) : nullptr);
+  }
+
+  void record_free(void* ptr) {
+    TracedBlock block;
+    {
+      std::lock_guard lock(history_mutex_);
+      auto it = traced_.find(ptr);
+      if (it == traced_.end()) return;  // allocated before history was on
+      block = std::move(it->second);
+      traced_.erase(it);
+    }
+    std::shared_ptr<c10::GatheredContext> context =
+        when_ == RecordContext::ALL ? gather_context() : nullptr;
+    // gmem completes a free at once (reuse on other streams waits inside the engine).
+    record_trace(TraceEntry::FREE_REQUESTED, block.device, reinterpret_cast<size_t>(ptr),
+                 block.size, block.stream, block.pool, context);
+    record_trace(TraceEntry::FREE_COMPLETED, block.device, reinterpret_cast<size_t>(ptr),
+                 block.size, block.stream, block.pool, std::move(context));
+  }
+
+  void record_trace(TraceEntry::Action action, DeviceIndex device, size_t addr, size_t size,
+                    cudaStream_t stream, MempoolId_t pool,
+                    std::shared_ptr<c10::GatheredContext> context) {
+    const auto& compile = compile_contexts();
+    std::lock_guard lock(history_mutex_);
+    TraceEntry entry(action, device, addr, size, stream, pool, c10::getApproximateTime(),
+                     std::move(context), compile.empty() ? std::string() : compile.back(),
+                     user_metadata_);
+    for (const auto& tracker : trackers_) tracker(entry);
+    if (!record_history_ || skip_actions_.count(action) != 0) return;
+    const auto d = static_cast<std::size_t>(device);
+    if (d >= traces_.size()) traces_.resize(d + 1);
+    auto& trace = traces_[d];
+    if (trace.size() >= max_entries_) trace.pop_front();
+    trace.push_back(std::move(entry));
+  }
+
+  // --- state -----------------------------------------------------------------------------------
+
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{true};
+  int device_count_ = 0;
+  std::array<std::atomic<gmem_engine_t*>, kMaxDevices> engines_{};
+  std::array<std::atomic<double>, kMaxDevices> fractions_{};  // 0 = never set: 1.0
+
+  // Pools: what routes and frees read only when their counter says there is something.
+  std::mutex pools_mutex_;
+  std::map<MempoolId_t, Pool> pools_;  // node-based: Pool pointers stay valid
+  std::array<std::vector<Route>, kMaxDevices> routes_;
+  std::unordered_map<void*, Pool*> pool_of_block_;
+  std::atomic<int> routes_active_{0};
+  std::atomic<int> pool_blocks_{0};
+
+  // History, trace trackers and OOM observers.
+  std::mutex history_mutex_;
+  std::atomic<bool> tracing_{false};  // history on, or a trace tracker attached
+  std::atomic<cca::CreateContextFn> recorder_{nullptr};
+  bool record_history_ = false;
+  RecordContext when_ = RecordContext::NEVER;
+  size_t max_entries_ = 1;
+  std::set<TraceEntry::Action> skip_actions_;
+  std::vector<std::deque<TraceEntry>> traces_;  // per device
+  std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
+  std::unordered_map<void*, TracedBlock> traced_;
+  std::vector<cca::AllocatorTraceTracker> trackers_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+  std::string user_metadata_;
+  c10::ApproximateClockToUnixTimeConverter clock_converter_;
+};
+
+GmemAllocator* g_allocator = nullptr;
+
+void raw_delete_fn(void* ptr) { g_allocator->free(ptr); }
+
+std::shared_ptr<GmemAllocator>& instance() {
+  // Never destroyed: PyTorch frees tensors during interpreter shutdown, after static destructors.
+  static auto* allocator = new std::shared_ptr<GmemAllocator>(std::make_shared<GmemAllocator>());
+  return *allocator;
+}
+
+void copy_message(const std::string& text, char* buf, size_t size) {
+  if (buf == nullptr || size == 0) return;
+  const size_t n = std::min(text.size(), size - 1);
+  std::memcpy(buf, text.data(), n);
+  buf[n] = '\0';
+}
+
+}  // namespace
+}  // namespace gmem_torch
+
+extern "C" {
+
+// Makes gmem PyTorch's CUDA allocator. 0 on success; otherwise the reason (PyTorch's, e.g. "Can't
+// swap an already initialized allocator") is written to `error`.
+int gmem_torch_allocator_install(char* error, size_t size) {
+  try {
+    auto& allocator = gmem_torch::instance();
+    gmem_torch::g_allocator = allocator.get();
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    return 0;
+  } catch (const c10::Error& e) {
+    gmem_torch::copy_message(e.what_without_backtrace(), error, size);
+  } catch (const std::exception& e) {
+    gmem_torch::copy_message(e.what(), error, size);
+  }
+  return 1;
+}
+
+// 1 while gmem's allocator is the one PyTorch uses.
+int gmem_torch_allocator_active(void) {
+  return gmem_torch::g_allocator != nullptr &&
+                 c10::cuda::CUDACachingAllocator::get() == gmem_torch::g_allocator
+             ? 1
+             : 0;
+}
+
+}  // extern "C"
