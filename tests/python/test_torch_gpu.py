@@ -55,7 +55,9 @@ class TorchOnGpuTest(unittest.TestCase):
         self.assertGreaterEqual(r["reserved"], r["allocated"])
         self.assertGreaterEqual(r["max_allocated"], r["allocated"])
         self.assertEqual(r["stats_allocated"], r["allocated"])
-        self.assertIn("gmem memory summary", r["summary"])
+        # The full allocator answers PyTorch's own summary from C++; the fallback patches gmem's in.
+        self.assertIn("CUDA memory summary" if r["mode"] == "full" else "gmem memory summary",
+                      r["summary"])
         self.assertEqual(r["max_after_reset"], r["allocated_after_reset"])
         self.assertLess(r["reserved_after_empty_cache"], r["reserved_before_empty_cache"])
 
@@ -70,6 +72,66 @@ class TorchOnGpuTest(unittest.TestCase):
         self.assertEqual(r["fraction_oom_type"], "torch.OutOfMemoryError",
                          "torch.cuda.set_per_process_memory_fraction reaches gmem")
         self.assertTrue(r["after_fraction_reset_ok"])
+        if r["mode"] == "full":
+            self.assertEqual(r["observer_calls"], 2, "torch's OOM observers are called")
+            self.assertEqual(r["memory_fraction"], 1.0)
+            self.assertGreaterEqual(r["num_ooms"], 2)
+
+
+class FullAllocatorOnGpuTest(unittest.TestCase):
+    """gmem's complete CUDAAllocator: what the pluggable route could not do."""
+
+    def test_enable_uses_the_full_allocator(self):
+        r = run_worker("stats", "gmem")
+        self.assertEqual(r["mode"], "full", r["warnings"])
+        self.assertEqual(r["warnings"], [])
+        # Read from C++ by a small extension (c10::cuda::CUDACachingAllocator::getDeviceStats).
+        self.assertEqual(r["cpp_allocated"], r["py_allocated"])
+        self.assertGreaterEqual(r["cpp_allocated"], 24 * MiB)
+        self.assertEqual(r["cpp_name"], "gmem")
+        self.assertEqual(r["cpp_allocated_after_free"], r["py_allocated_after_free"])
+        self.assertLess(r["cpp_allocated_after_free"], r["cpp_allocated"])
+        self.assertEqual(r["num_ooms"], 0)
+
+    def test_torch_compile_modes_match_native(self):
+        native = run_worker("compile", "native", timeout=900)
+        ours = run_worker("compile", "gmem", timeout=900)
+        self.assertEqual(ours["mode"], "full", ours.get("warnings"))
+        for mode in ("default", "reduce-overhead", "max-autotune"):
+            self.assertTrue(ours["close_to_eager"][mode], mode)
+        for mode in ("default", "reduce-overhead"):  # the same kernels: the same bits
+            self.assertEqual(ours["outputs"][mode], native["outputs"][mode], mode)
+
+    def test_cuda_graph_with_mem_pool(self):
+        r = run_worker("graph", "gmem")
+        self.assertTrue(r["replays_match_eager"])
+        self.assertGreater(r["pool_reserved"], 0, "the graph's memory is counted")
+        self.assertTrue(r["pool_block_in_snapshot"])
+        self.assertEqual(r["use_count"], 1)
+        self.assertLess(r["reserved_after_pool_deleted"], r["reserved_with_pool"])
+        self.assertTrue(r["pool_not_reused_outside"])
+
+    def test_memory_history_and_snapshot_in_pytorch_tools(self):
+        r = run_worker("history", "gmem")
+        self.assertTrue(r["history_enabled"])
+        self.assertTrue(r["block_frames_name_the_function"], r["some_frames"])
+        self.assertGreater(r["alloc_events"], 0)
+        self.assertGreater(r["free_events"], 0)
+        self.assertTrue(r["trace_frames_name_the_function"])
+        self.assertGreater(r["trace_plot_bytes"], 1000)
+        self.assertGreater(r["segment_plot_bytes"], 1000)
+        self.assertTrue(r["dumped"])
+
+    def test_cudnn_benchmark(self):
+        r = run_worker("cudnn", "gmem")
+        self.assertTrue(r["close_to_reference"])
+        self.assertGreater(r["convs"], 0)
+
+    def test_cuda_tensor_to_another_process_says_what_to_do(self):
+        r = run_worker("ipc", "gmem")
+        if r["outcome"] != "worked":
+            self.assertIn("sending CUDA tensors between processes", r["error"])
+            self.assertIn("tensor.cpu()", r["error"])
 
 
 # --- the worker -------------------------------------------------------------------------------
@@ -199,6 +261,226 @@ def worker_oom(torch, result):
     torch.cuda.set_per_process_memory_fraction(1.0)
     kind, _, third = try_allocate(torch, 256 * MiB)
     result["after_fraction_reset_ok"] = kind == "none"
+    del third
+    result["memory_fraction"] = (torch.cuda.get_per_process_memory_fraction()
+                                 if hasattr(torch.cuda, "get_per_process_memory_fraction") else 1.0)
+    result["num_ooms"] = torch.cuda.memory_stats().get("num_ooms", 0)
+
+
+def cpp_probe(torch):
+    """A tiny C++ extension (ctypes, no pybind) that asks c10's current CUDA allocator."""
+    import ctypes
+    import subprocess
+    import tempfile
+
+    from gmem import _shim
+
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    source = (
+        "#include <c10/cuda/CUDACachingAllocator.h>\n"
+        "#include <atomic>\n"
+        "#include <cstring>\n"
+        "namespace cca = c10::cuda::CUDACachingAllocator;\n"
+        "static std::atomic<int> ooms{0};\n"
+        "extern \"C\" long long allocated(int d) {\n"
+        "  return cca::getDeviceStats(d).allocated_bytes[0].current; }\n"
+        "extern \"C\" int name(char* out, int n) {\n"
+        "  std::string s = cca::name(); std::strncpy(out, s.c_str(), n); return 0; }\n"
+        "extern \"C\" void watch_ooms() {\n"
+        "  cca::attachOutOfMemoryObserver([](int64_t, size_t, size_t, size_t) { ++ooms; }); }\n"
+        "extern \"C\" int oom_calls() { return ooms.load(); }\n")
+    tmp = tempfile.mkdtemp()
+    with open(os.path.join(tmp, "probe.cpp"), "w") as f:
+        f.write(source)
+    lib = os.path.join(tmp, "libprobe.so")
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    subprocess.check_call(["c++", "-std=c++17", "-shared", "-fPIC",
+                           "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi,
+                           "-isystem", os.path.join(torch_dir, "include"), "-isystem",
+                           _shim.cuda_include_dir(), os.path.join(tmp, "probe.cpp"), "-o", lib,
+                           "-L" + os.path.join(torch_dir, "lib"), "-lc10_cuda", "-lc10",
+                           "-Wl,-rpath," + os.path.join(torch_dir, "lib")])
+    probe = ctypes.CDLL(lib)
+    probe.allocated.restype = ctypes.c_longlong
+    return probe
+
+
+def worker_stats(torch, result):
+    """Statistics read from C++: the probe calls c10's getDeviceStats."""
+    import ctypes
+
+    torch.cuda.init()
+    probe = cpp_probe(torch)
+    name = ctypes.create_string_buffer(64)
+    probe.name(name, 64)
+    keep = [torch.empty(8 * MiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    result.update(cpp_allocated=probe.allocated(0), py_allocated=torch.cuda.memory_allocated(),
+                  cpp_name=name.value.decode())
+    del keep[0]
+    result.update(cpp_allocated_after_free=probe.allocated(0),
+                  py_allocated_after_free=torch.cuda.memory_allocated(),
+                  num_ooms=torch.cuda.memory_stats()["num_ooms"])
+
+
+class SmallNet:
+    @staticmethod
+    def make(torch):
+        nn = torch.nn
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64), nn.LayerNorm(64),
+                             nn.Linear(64, 16)).cuda()
+
+
+def worker_compile(torch, result):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    import torch._inductor.config as inductor_config
+    inductor_config.max_autotune_gemm_backends = "TRITON"
+    model = SmallNet.make(torch)
+    data = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(32, 64, generator=data).cuda() for _ in range(5)]
+    with torch.no_grad():
+        eager = [model(x) for x in inputs]
+        outputs, close = {}, {}
+        for mode in ("default", "reduce-overhead", "max-autotune"):
+            torch._dynamo.reset()
+            compiled = torch.compile(model, mode=mode)
+            outs = [compiled(x).clone() for x in inputs]  # several calls: record, then replay
+            torch.cuda.synchronize()
+            outputs[mode] = [o.flatten()[:64].tolist() for o in outs]
+            close[mode] = all(torch.allclose(o, e, rtol=1e-3, atol=1e-4) for o, e in zip(outs, eager))
+    # reduce-overhead with autograd: the backward graph is recorded into the same tree.
+    torch._dynamo.reset()
+    train = torch.compile(SmallNet.make(torch), mode="reduce-overhead")
+    for x in inputs:
+        train(x).square().mean().backward()
+    torch.cuda.synchronize()
+    result.update(outputs=outputs, close_to_eager=close)
+
+
+def worker_graph(torch, result):
+    model = SmallNet.make(torch)
+    static_x = torch.randn(32, 64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    reserved_before = torch.cuda.memory_reserved()
+    pool = torch.cuda.MemPool()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph, pool=pool.id):
+        static_y = model(static_x)
+    ok = True
+    for i in range(5):
+        x = torch.randn(32, 64, device="cuda")
+        static_x.copy_(x)
+        graph.replay()
+        with torch.no_grad():
+            ok = ok and torch.allclose(static_y, model(x), rtol=1e-4, atol=1e-5)
+    result["replays_match_eager"] = bool(ok)
+    result["pool_reserved"] = torch.cuda.memory_reserved() - reserved_before
+
+    # use_mem_pool: allocations go to the pool; its snapshot lists them.
+    pool2 = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool2):
+        in_pool = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+    snap = pool2.snapshot()
+    result["pool_block_in_snapshot"] = any(
+        seg["address"] == in_pool.data_ptr() for seg in snap)
+    result["use_count"] = pool2.use_count()
+    # Freed inside the pool, never handed out outside it.
+    address = in_pool.data_ptr()
+    del in_pool
+    outside = [torch.empty(16 * MiB, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    result["pool_not_reused_outside"] = all(
+        not (address <= t.data_ptr() < address + 16 * MiB) for t in outside)
+    del outside
+    result["reserved_with_pool"] = torch.cuda.memory_reserved()
+    del pool2
+    import gc
+    gc.collect()
+    result["reserved_after_pool_deleted"] = torch.cuda.memory_reserved()
+    del graph, static_y, pool
+
+
+def make_history_tensors(torch):
+    keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (MiB, 3 * MiB, 5000)]
+    temp = torch.empty(2 * MiB, device="cuda")
+    del temp
+    return keep
+
+
+def worker_history(torch, result):
+    import tempfile
+
+    from torch.cuda import _memory_viz
+
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    result["history_enabled"] = torch._C._cuda_isHistoryEnabled() \
+        if hasattr(torch._C, "_cuda_isHistoryEnabled") else True
+    keep = make_history_tensors(torch)
+    snap = torch.cuda.memory._snapshot()
+
+    def names(frames):
+        return [f.get("name") for f in frames or []]
+
+    ptrs = {t.data_ptr() for t in keep}
+    block_frames = [names(b.get("frames")) for seg in snap["segments"] for b in seg["blocks"]
+                    if seg["address"] in ptrs]
+    result["some_frames"] = block_frames[:1]
+    result["block_frames_name_the_function"] = len(block_frames) == 3 and all(
+        "make_history_tensors" in f for f in block_frames)
+    trace = snap["device_traces"][0]
+    result["alloc_events"] = sum(1 for e in trace if e["action"] == "alloc")
+    result["free_events"] = sum(1 for e in trace if e["action"] == "free_completed")
+    result["trace_frames_name_the_function"] = any(
+        "make_history_tensors" in names(e.get("frames")) for e in trace if e["action"] == "alloc")
+    result["trace_plot_bytes"] = len(_memory_viz.trace_plot(snap))
+    result["segment_plot_bytes"] = len(_memory_viz.segment_plot(snap))
+    path = os.path.join(tempfile.mkdtemp(), "snap.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    result["dumped"] = os.path.getsize(path) > 0
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def worker_cudnn(torch, result):
+    nn = torch.nn
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 5, padding=2),
+                        nn.ReLU(), nn.Conv2d(64, 8, 1)).cuda()
+    torch.backends.cudnn.allow_tf32 = False
+    xs = [torch.randn(n, 3, 40, 40, device="cuda") for n in (4, 8, 4, 16)]
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    reference = [net(x) for x in xs]
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.benchmark = True
+    ok = True
+    for x, ref in zip(xs, reference):
+        out = net(x)
+        out.sum().backward()
+        ok = ok and torch.allclose(out, ref, rtol=1e-3, atol=1e-4)
+    torch.cuda.synchronize()
+    result.update(close_to_reference=bool(ok), convs=len(xs))
+
+
+def _ipc_child(tensor):
+    tensor.add_(1)
+
+
+def worker_ipc(torch, result):
+    ctx = torch.multiprocessing.get_context("spawn")
+    t = torch.ones(16, device="cuda")
+    try:
+        p = ctx.Process(target=_ipc_child, args=(t,))
+        p.start()
+        p.join(60)
+        result.update(outcome="worked" if p.exitcode == 0 else "child failed",
+                      error="exit code %s" % p.exitcode)
+    except Exception as e:  # noqa: BLE001 (what the user would see)
+        result.update(outcome="refused", error="%s: %s" % (type(e).__name__, e))
 
 
 def worker(mode, allocator):
@@ -211,11 +493,20 @@ def worker(mode, allocator):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             gmem.torch.enable()
-        result.update(entry_points=gmem.torch.entry_points(),
+        result.update(entry_points=gmem.torch.entry_points(), mode=gmem.torch.mode(),
                       warnings=[str(w.message) for w in caught])
     import torch
 
-    {"train": worker_train, "storages": worker_storages, "oom": worker_oom}[mode](torch, result)
+    probe = None
+    if mode == "oom" and allocator == "gmem" and result["mode"] == "full":
+        probe = cpp_probe(torch)
+        probe.watch_ooms()
+    workers = {"train": worker_train, "storages": worker_storages, "oom": worker_oom,
+               "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
+               "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc}
+    workers[mode](torch, result)
+    if probe is not None:
+        result["observer_calls"] = probe.oom_calls()
     print("RESULT " + json.dumps(result), flush=True)
 
 
