@@ -417,7 +417,7 @@ def worker_history(torch, result):
     from torch.cuda import _memory_viz
 
     torch.cuda.init()
-    torch.cuda.memory._record_memory_history(max_entries=10000)
+    torch.cuda.memory._record_memory_history(max_entries=10000, stacks="python")
     result["history_enabled"] = torch._C._cuda_isHistoryEnabled() \
         if hasattr(torch._C, "_cuda_isHistoryEnabled") else True
     keep = make_history_tensors(torch)
