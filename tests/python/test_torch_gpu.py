@@ -101,6 +101,18 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
             self.assertTrue(ours["close_to_eager"][mode], mode)
         for mode in ("default", "reduce-overhead"):  # the same kernels: the same bits
             self.assertEqual(ours["outputs"][mode], native["outputs"][mode], mode)
+        for a, b in zip(ours["train_losses"], native["train_losses"]):
+            self.assertAlmostEqual(a, b, places=5)
+
+    def test_python_call_sites_name_the_users_line(self):
+        r = run_worker("sites", "gmem")
+        self.assertIn(r["expected_site"], r["report"])
+        self.assertIn(r["expected_site"], r["last_report"])
+        # The cost per malloc, printed for the record (README quotes it).
+        print("\nper torch.empty: %(ns_off).0f ns untracked, %(ns_fixed).0f ns tracked with "
+              "fixed frames, %(ns_sites).0f ns tracked with Python sites, %(ns_deep).0f ns with "
+              "sites 40 frames deep" % r)
+        self.assertLess(r["ns_sites"] - r["ns_fixed"], 20000, "sites cost under 20 us a malloc")
 
     def test_cuda_graph_with_mem_pool(self):
         r = run_worker("graph", "gmem")
@@ -351,10 +363,14 @@ def worker_compile(torch, result):
     # reduce-overhead with autograd: the backward graph is recorded into the same tree.
     torch._dynamo.reset()
     train = torch.compile(SmallNet.make(torch), mode="reduce-overhead")
+    losses = []
     for x in inputs:
-        train(x).square().mean().backward()
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = train(x).square().mean()
+        loss.backward()
+        losses.append(loss.item())
     torch.cuda.synchronize()
-    result.update(outputs=outputs, close_to_eager=close)
+    result.update(outputs=outputs, close_to_eager=close, train_losses=losses)
 
 
 def worker_graph(torch, result):
@@ -466,6 +482,51 @@ def worker_cudnn(torch, result):
     result.update(close_to_reference=bool(ok), convs=len(xs))
 
 
+def hold_memory(torch):
+    return torch.empty(200 * MiB, dtype=torch.uint8, device="cuda")  # the site reports name
+
+
+def worker_sites(torch, result):
+    import time
+
+    import gmem
+
+    torch.cuda.init()
+
+    def per_malloc(n=20000):
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(n):
+                torch.empty(1024, device="cuda")
+            best = min(best, (time.perf_counter() - start) / n)
+        return best * 1e9
+
+    def deep(depth, fn):
+        return fn() if depth == 0 else deep(depth - 1, fn)
+
+    per_malloc(2000)
+    result["ns_off"] = per_malloc()
+    gmem.enable_tracking(0)
+    gmem.set_frames([("fixed.py", 1, "fixed")])  # a thread's own frames: no stack is taken
+    result["ns_fixed"] = per_malloc()
+    gmem.set_frames(None)
+    result["ns_sites"] = per_malloc()
+    result["ns_deep"] = deep(40, per_malloc)
+
+    gmem.set_memory_limit(512 * MiB)
+    held = hold_memory(torch)
+    try:
+        torch.empty(400 * MiB, dtype=torch.uint8, device="cuda")
+        result["report"] = "no OOM"
+    except torch.OutOfMemoryError as e:
+        result["report"] = str(e)
+    result["last_report"] = gmem.last_oom_report() or ""
+    result["expected_site"] = "test_torch_gpu.py:%d:hold_memory" % (
+        hold_memory.__code__.co_firstlineno + 1)
+    del held
+
+
 def _ipc_child(tensor):
     tensor.add_(1)
 
@@ -503,7 +564,8 @@ def worker(mode, allocator):
         probe.watch_ooms()
     workers = {"train": worker_train, "storages": worker_storages, "oom": worker_oom,
                "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
-               "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc}
+               "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
+               "sites": worker_sites}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()
