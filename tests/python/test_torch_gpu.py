@@ -360,14 +360,19 @@ def worker_compile(torch, result):
             torch.cuda.synchronize()
             outputs[mode] = [o.flatten()[:64].tolist() for o in outs]
             close[mode] = all(torch.allclose(o, e, rtol=1e-3, atol=1e-4) for o, e in zip(outs, eager))
-    # reduce-overhead with autograd: the backward graph is recorded into the same tree.
+    # reduce-overhead with autograd: forward and backward graphs recorded into one tree, the
+    # loss computed inside the compiled function (its output is all that leaves the graph).
     torch._dynamo.reset()
-    train = torch.compile(SmallNet.make(torch), mode="reduce-overhead")
+    net = SmallNet.make(torch)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    step = torch.compile(lambda x: net(x).square().mean(), mode="reduce-overhead")
     losses = []
-    for x in inputs:
+    for x in inputs + inputs:
         torch.compiler.cudagraph_mark_step_begin()
-        loss = train(x).square().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss = step(x)
         loss.backward()
+        optimizer.step()
         losses.append(loss.item())
     torch.cuda.synchronize()
     result.update(outputs=outputs, close_to_eager=close, train_losses=losses)
