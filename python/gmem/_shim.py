@@ -89,10 +89,16 @@ def _compile(name, sources, torch_dir, include_dirs, link_args, key_parts):
         if result.returncode == 0:
             os.replace(tmp, out)  # atomic: concurrent builders never see half a file
             return out
-        errors.append(result.stdout[-3000:])
+        errors.append(_first_errors(result.stdout))
     if os.path.exists(tmp):
         os.remove(tmp)
     raise ShimUnavailable("compiling %s failed:\n%s" % (sources[0], errors[-1]))
+
+
+def _first_errors(output, lines=12):
+    """The compiler's first error lines (the rest is usually their consequences)."""
+    errors = [line for line in output.splitlines() if "error" in line]
+    return "\n".join((errors or output.splitlines())[:lines])[-3000:]
 
 
 def _abi(torch):
@@ -155,7 +161,8 @@ def build_allocator(torch):
             "-lc10", libgmem, "-Wl,-rpath," + libdir,
             "-Wl,-rpath," + os.path.dirname(libgmem)]
     return _compile("gmem_torch_allocator",
-                    [ALLOCATOR_SOURCE, os.path.join(gmem_include, "gmem", "gmem.h")],
+                    [ALLOCATOR_SOURCE, os.path.join(gmem_include, "gmem", "gmem.h"),
+                     os.path.join(gmem_include, "gmem", "gmem_observe.h")],
                     torch_dir, [include, cuda_include, gmem_include], link,
                     [torch.__version__, str(abi), libgmem])
 

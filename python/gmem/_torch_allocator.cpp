@@ -445,25 +445,27 @@ class GmemAllocator final : public cca::CUDAAllocator {
     check_device(device);
     DeviceStats out;
     // O(1) per engine (no walk): inactive_split* read 0 here; gmem.memory_summary() has them.
-    for (gmem_engine_t* e : engines_of(device)) {
+    for_each_engine(device, [&](gmem_engine_t* e) {
       gmem_engine_stats_t s{};
       TORCH_CHECK(gmem_engine_stats(e, 0, &s) == GMEM_OK, "gmem: ", last_gmem_error());
       add_stats(out, s);
-    }
+    });
     out.max_split_size = -1;  // gmem never refuses to split: PyTorch's "no limit"
     return out;
   }
 
   void resetAccumulatedStats(DeviceIndex device) override {
     check_device(device);
-    for (gmem_engine_t* e : engines_of(device))
+    for_each_engine(device, [](gmem_engine_t* e) {
       TORCH_CHECK(gmem_engine_reset_accumulated_stats(e) == GMEM_OK, "gmem: ", last_gmem_error());
+    });
   }
 
   void resetPeakStats(DeviceIndex device) override {
     check_device(device);
-    for (gmem_engine_t* e : engines_of(device))
+    for_each_engine(device, [](gmem_engine_t* e) {
       TORCH_CHECK(gmem_engine_reset_peak_stats(e) == GMEM_OK, "gmem: ", last_gmem_error());
+    });
   }
 
   // --- blocks --------------------------------------------------------------------------------
@@ -805,13 +807,15 @@ class GmemAllocator final : public cca::CUDAAllocator {
     return e;
   }
 
-  // The device's engine and its pools' engines.
-  std::vector<gmem_engine_t*> engines_of(DeviceIndex device) {
-    std::vector<gmem_engine_t*> engines{device_engine(device)};
+  // Calls visit(engine) for the device's engine and its pools' engines, under the pools' lock
+  // (a pool's last free on another thread may destroy its engine).
+  template <class Visit>
+  void for_each_engine(DeviceIndex device, Visit&& visit) {
+    gmem_engine_t* own = device_engine(device);
     std::lock_guard lock(pools_mutex_);
+    visit(own);
     for (auto& [id, pool] : pools_)
-      if (pool.device == device) engines.push_back(pool.engine);
-    return engines;
+      if (pool.device == device) visit(pool.engine);
   }
 
   // The engine holding the live block at `ptr`: its pool's, else its device's.
@@ -936,18 +940,20 @@ class GmemAllocator final : public cca::CUDAAllocator {
   // Empties the caches of pools no user holds, and of the device engines other than `except`.
   // True when any engine was emptied.
   bool release_caches_for(gmem_engine_t* except) {
-    std::vector<gmem_engine_t*> engines;
-    {
-      std::lock_guard lock(pools_mutex_);
-      for (auto& [id, pool] : pools_)
-        if (pool.use_count == 0) engines.push_back(pool.engine);
+    bool any = false;
+    std::lock_guard lock(pools_mutex_);  // held: a pool's last free may destroy its engine
+    for (auto& [id, pool] : pools_) {
+      if (pool.use_count != 0) continue;
+      (void)gmem_engine_empty_cache(pool.engine);
+      any = true;
     }
     for (auto& slot : engines_) {
       gmem_engine_t* e = slot.load(std::memory_order_acquire);
-      if (e != nullptr && e != except) engines.push_back(e);
+      if (e == nullptr || e == except) continue;
+      (void)gmem_engine_empty_cache(e);
+      any = true;
     }
-    for (gmem_engine_t* e : engines) (void)gmem_engine_empty_cache(e);
-    return !engines.empty();
+    return any;
   }
 
   // Out of memory for good: tell the observers (torch's OOM hooks), record it, and throw the
@@ -1005,7 +1011,8 @@ class GmemAllocator final : public cca::CUDAAllocator {
       std::lock_guard lock(history_mutex_);
       if (record_history_) traced_[ptr] = TracedBlock{size, device, stream, pool, context};
     }
-    const bool in_trace = when_ == RecordContext::ALLOC || when_ == RecordContext::ALL;
+    const RecordContext when = when_.load(std::memory_order_relaxed);
+    const bool in_trace = when == RecordContext::ALLOC || when == RecordContext::ALL;
     record_trace(TraceEntry::ALLOC, device, reinterpret_cast<size_t>(ptr), size, stream, pool,
                  in_trace ? std::move(context) : nullptr);
   }
@@ -1020,7 +1027,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
       traced_.erase(it);
     }
     std::shared_ptr<c10::GatheredContext> context =
-        when_ == RecordContext::ALL ? gather_context() : nullptr;
+        when_.load(std::memory_order_relaxed) == RecordContext::ALL ? gather_context() : nullptr;
     // gmem completes a free at once (reuse on other streams waits inside the engine).
     record_trace(TraceEntry::FREE_REQUESTED, block.device, reinterpret_cast<size_t>(ptr),
                  block.size, block.stream, block.pool, context);
@@ -1067,7 +1074,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
   std::atomic<bool> tracing_{false};  // history on, or a trace tracker attached
   std::atomic<cca::CreateContextFn> recorder_{nullptr};
   bool record_history_ = false;
-  RecordContext when_ = RecordContext::NEVER;
+  std::atomic<RecordContext> when_{RecordContext::NEVER};
   size_t max_entries_ = 1;
   std::set<TraceEntry::Action> skip_actions_;
   std::vector<std::deque<TraceEntry>> traces_;  // per device
