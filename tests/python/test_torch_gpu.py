@@ -99,8 +99,14 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         self.assertEqual(ours["mode"], "full", ours.get("warnings"))
         for mode in ("default", "reduce-overhead", "max-autotune"):
             self.assertTrue(ours["close_to_eager"][mode], mode)
-        for mode in ("default", "reduce-overhead"):  # the same kernels: the same bits
-            self.assertEqual(ours["outputs"][mode], native["outputs"][mode], mode)
+        # The same generated code on both allocators; cuBLAS may still pick another algorithm
+        # (it weighs pointer alignment), so equal to rounding, and the bits are reported.
+        for mode in ("default", "reduce-overhead", "max-autotune"):
+            diff = max(abs(a - b) for x, y in zip(ours["outputs"][mode], native["outputs"][mode])
+                       for a, b in zip(x, y))
+            print("\n%s: max |gmem - native| = %g%s" % (
+                mode, diff, " (bit-identical)" if diff == 0 else ""))
+            self.assertLess(diff, 1e-4 if mode == "max-autotune" else 1e-5, mode)
         for a, b in zip(ours["train_losses"], native["train_losses"]):
             self.assertAlmostEqual(a, b, places=5)
 
@@ -274,8 +280,8 @@ def worker_oom(torch, result):
     kind, _, third = try_allocate(torch, 256 * MiB)
     result["after_fraction_reset_ok"] = kind == "none"
     del third
-    result["memory_fraction"] = (torch.cuda.get_per_process_memory_fraction()
-                                 if hasattr(torch.cuda, "get_per_process_memory_fraction") else 1.0)
+    if result.get("mode") == "full":  # the pluggable allocator cannot answer it
+        result["memory_fraction"] = torch.cuda.get_per_process_memory_fraction()
     result["num_ooms"] = torch.cuda.memory_stats().get("num_ooms", 0)
 
 
@@ -498,26 +504,44 @@ def worker_sites(torch, result):
 
     torch.cuda.init()
 
-    def per_malloc(n=20000):
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(n):
-                torch.empty(1024, device="cuda")
-            best = min(best, (time.perf_counter() - start) / n)
-        return best * 1e9
+    def per_malloc(n=10000):
+        start = time.perf_counter()
+        for _ in range(n):
+            torch.empty(1024, device="cuda")
+        return (time.perf_counter() - start) / n * 1e9
 
     def deep(depth, fn):
         return fn() if depth == 0 else deep(depth - 1, fn)
 
+    def untracked():
+        gmem.disable_tracking(0)
+        return per_malloc()
+
+    def fixed():  # a thread's own frames: tracked, but no stack is taken
+        gmem.enable_tracking(0)
+        gmem.set_frames([("fixed.py", 1, "fixed")])
+        try:
+            return per_malloc()
+        finally:
+            gmem.set_frames(None)
+
+    def sites():
+        gmem.enable_tracking(0)
+        return per_malloc()
+
+    def sites_deep():
+        gmem.enable_tracking(0)
+        return deep(40, per_malloc)
+
     per_malloc(2000)
-    result["ns_off"] = per_malloc()
+    conditions = {"ns_off": untracked, "ns_fixed": fixed, "ns_sites": sites,
+                  "ns_deep": sites_deep}
+    best = dict.fromkeys(conditions, float("inf"))
+    for _ in range(5):  # interleaved, best of five: other load hits every condition alike
+        for name, measure in conditions.items():
+            best[name] = min(best[name], measure())
+    result.update(best)
     gmem.enable_tracking(0)
-    gmem.set_frames([("fixed.py", 1, "fixed")])  # a thread's own frames: no stack is taken
-    result["ns_fixed"] = per_malloc()
-    gmem.set_frames(None)
-    result["ns_sites"] = per_malloc()
-    result["ns_deep"] = deep(40, per_malloc)
 
     gmem.set_memory_limit(512 * MiB)
     held = hold_memory(torch)
