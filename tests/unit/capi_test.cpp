@@ -434,6 +434,38 @@ TEST_F(CApi, PoolListsItsBlocksAndEmptiesItsCache) {
   EXPECT_EQ(gmem_engine_malloc(nullptr, &ptrs[0], 10, 0), GMEM_ERROR_INVALID_ARGUMENT);
 }
 
+TEST_F(CApi, PoolsAndTheDeviceEngineServeThreadsAtOnce) {
+  // Engines share the device object: allocate from two pools and the device engine at once.
+  std::vector<gmem_engine_t*> engines{device_engine(), nullptr, nullptr};
+  ASSERT_EQ(gmem_pool_create(0, &engines[1]), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_pool_create(0, &engines[2]), GMEM_OK) << last_error();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (gmem_engine_t* engine : engines) {
+    threads.emplace_back([engine, &failures] {
+      std::mt19937 random(7);
+      std::vector<void*> live;
+      for (int i = 0; i < 400; ++i) {
+        void* ptr = nullptr;
+        const std::size_t size = std::size_t{1} << (9 + random() % 14);  // 512 B .. 4 MiB
+        if (gmem_engine_malloc(engine, &ptr, size, 0) != GMEM_OK) ++failures;
+        else live.push_back(ptr);
+        if (live.size() > 8) {
+          if (gmem_engine_free(engine, live.front()) != GMEM_OK) ++failures;
+          live.erase(live.begin());
+        }
+      }
+      for (void* ptr : live)
+        if (gmem_engine_free(engine, ptr) != GMEM_OK) ++failures;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(gmem_pool_destroy(engines[1]), GMEM_OK) << last_error();
+  EXPECT_EQ(gmem_pool_destroy(engines[2]), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
+}
+
 TEST(CApiLibrary, ExportsOnlyTheCApi) {
   EXPECT_NE(dlsym(RTLD_DEFAULT, "gmem_malloc"), nullptr);
   EXPECT_NE(dlsym(RTLD_DEFAULT, "gmem_torch_malloc"), nullptr);
