@@ -39,6 +39,8 @@ except ImportError:
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 BUILD_BASE = "build-pip"
+# The C API headers that go into the package (gmem/include/gmem/).
+C_HEADERS = ("gmem.h", "gmem_observe.h")
 # Target, the file it produces in the CMake build directory, where it goes in the package.
 OUTPUTS = (
     ("gmem_shared", "libgmem.so", "libgmem.so"),
@@ -110,6 +112,12 @@ class BuildPy(build_py):
             target = os.path.join(self.build_lib, "gmem", dest)
             self.mkpath(os.path.dirname(target))
             self.copy_file(os.path.join(build_dir, built), target)  # keeps the executable bit
+        # The C API's headers: gmem/_torch_allocator.cpp is compiled against them at first use
+        # (gmem._shim.gmem_include_dir looks in gmem/include).
+        for header in C_HEADERS:
+            target = os.path.join(self.build_lib, "gmem", "include", "gmem", header)
+            self.mkpath(os.path.dirname(target))
+            self.copy_file(os.path.join(ROOT, "include", "gmem", header), target)
 
 
 class BinaryDistribution(Distribution):

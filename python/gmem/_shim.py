@@ -133,11 +133,10 @@ def cuda_include_dir():
 
 
 def gmem_include_dir():
-    """The directory holding gmem/gmem.h: $GMEM_INCLUDE_DIR, the repository's include/, or an
-    include/ beside the package (an installed copy)."""
-    candidates = [os.environ.get("GMEM_INCLUDE_DIR"),
-                  os.path.join(os.path.dirname(os.path.dirname(_HERE)), "include"),
-                  os.path.join(_HERE, "include")]
+    """The directory holding gmem/gmem.h: $GMEM_INCLUDE_DIR, the package's include/ (where
+    `pip install` puts the headers), or the repository's include/."""
+    candidates = [os.environ.get("GMEM_INCLUDE_DIR"), os.path.join(_HERE, "include"),
+                  os.path.join(os.path.dirname(os.path.dirname(_HERE)), "include")]
     for directory in candidates:
         if directory and os.path.isfile(os.path.join(directory, "gmem", "gmem.h")):
             return directory

@@ -75,6 +75,9 @@ package = os.path.dirname(os.path.realpath(gmem.__file__))
 assert package.startswith(os.path.realpath(sys.argv[1])), "gmem imported from %s" % package
 assert gmem.library_path() == os.path.join(package, "libgmem.so"), gmem.library_path()
 assert os.path.isfile(os.path.join(package, "_torch_shim.cpp")), "the torch shim source is missing"
+assert os.path.isfile(os.path.join(package, "_torch_allocator.cpp")), "the allocator source is missing"
+from gmem import _shim
+assert _shim.gmem_include_dir() == os.path.join(package, "include"), _shim.gmem_include_dir()
 assert gmem.__version__ == metadata.version("gmem"), (gmem.__version__, metadata.version("gmem"))
 p = gmem.malloc(3 << 20)
 assert gmem.memory_allocated() == 3 << 20, gmem.memory_allocated()
