@@ -160,8 +160,7 @@ def build_allocator(torch):
             "-lc10", libgmem, "-Wl,-rpath," + libdir,
             "-Wl,-rpath," + os.path.dirname(libgmem)]
     return _compile("gmem_torch_allocator",
-                    [ALLOCATOR_SOURCE, os.path.join(gmem_include, "gmem", "gmem.h"),
-                     os.path.join(gmem_include, "gmem", "gmem_observe.h")],
+                    [ALLOCATOR_SOURCE, os.path.join(gmem_include, "gmem", "gmem.h")],
                     torch_dir, [include, cuda_include, gmem_include], link,
                     [torch.__version__, str(abi), libgmem])
 

@@ -30,14 +30,12 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -51,7 +49,6 @@
 #include <vector>
 
 #include "gmem/gmem.h"
-#include "gmem/gmem_observe.h"
 
 namespace gmem_torch {
 namespace {
@@ -146,164 +143,7 @@ void add_stats(DeviceStats& out, const gmem_engine_stats_t& s) {
 }
 
 
-// --- Python call sites for gmem's tracker ----------------------------------------------------
-//
-// With gmem tracking on, each allocation made by a thread that runs Python gets that thread's
-// Python stack as its call site (gmem's OOM reports, snapshots and summaries then name the
-// user's line), unless the thread set its own frames (gmem.set_frames, track_modules(stacks=)).
-// The stack is walked from C++ under the GIL, as PyTorch's CapturedTraceback does; a stack seen
-// before is recognised by its (code object, instruction) pairs and reuses its interned gmem frames
-// id, so only a new stack is turned into text. Python's C API is looked up at run time: this
-// library is built without Python's headers. GMEM_PYTHON_SITES=0 turns it off.
-class PythonSites {
- public:
-  PythonSites() {
-    const char* env = std::getenv("GMEM_PYTHON_SITES");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return;
-    ok_ = bind(initialized_, "Py_IsInitialized") &&
-          bind(this_thread_state_, "PyGILState_GetThisThreadState") && bind(ensure_, "PyGILState_Ensure") && bind(release_, "PyGILState_Release") &&
-          bind(current_frame_, "PyEval_GetFrame") && bind(back_, "PyFrame_GetBack") &&
-          bind(code_, "PyFrame_GetCode") && bind(lasti_, "PyFrame_GetLasti") &&
-          bind(line_, "PyFrame_GetLineNumber") && bind(getattr_, "PyObject_GetAttrString") &&
-          bind(utf8_, "PyUnicode_AsUTF8") && bind(incref_, "Py_IncRef") &&
-          bind(decref_, "Py_DecRef") && bind(err_clear_, "PyErr_Clear");
-    if (!bind(finalizing_, "Py_IsFinalizing")) bind(finalizing_, "_Py_IsFinalizing");
-  }
-
-  // Sets the calling thread's gmem frames to its Python stack; true when it did (the caller
-  // clears them after the allocation).
-  bool apply() {
-    if (!ok_ || initialized_() == 0 || this_thread_state_() == nullptr) return false;
-    if (finalizing_ != nullptr && finalizing_() != 0) return false;
-    const int gil = ensure_();
-    bool applied = false;
-    try {
-      applied = apply_locked();
-    } catch (...) {
-    }
-    release_(gil);
-    return applied;
-  }
-
- private:
-  static constexpr std::size_t kMaxDepth = 32;
-  static constexpr std::size_t kMaxCached = 1 << 14;  // stacks per thread before starting over
-
-  struct Entry {
-    std::uint32_t frames_id = 0;
-    std::vector<void*> codes;  // held (strong references): their addresses stay theirs
-  };
-
-  template <class Fn>
-  static bool bind(Fn& fn, const char* name) {
-    fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
-    return fn != nullptr;
-  }
-
-  bool apply_locked() {
-    // The key: (code object, instruction offset) of each frame, innermost first.
-    std::string& key = key_buffer();
-    key.clear();
-    std::vector<void*> frames;  // new references, released below
-    void* frame = current_frame_();  // borrowed
-    if (frame != nullptr) incref_(frame);
-    while (frame != nullptr && frames.size() < kMaxDepth) {
-      frames.push_back(frame);
-      void* code = code_(frame);
-      const int lasti = lasti_(frame);
-      key.append(reinterpret_cast<const char*>(&code), sizeof code);
-      key.append(reinterpret_cast<const char*>(&lasti), sizeof lasti);
-      decref_(code);  // the frame holds it
-      frame = back_(frame);
-    }
-    if (frame != nullptr) decref_(frame);
-    std::uint32_t id = 0;
-    if (!frames.empty()) id = lookup_or_intern(frames);
-    for (void* f : frames) decref_(f);
-    if (id == 0) return false;
-    return gmem_restore_frames(id) == GMEM_OK;
-  }
-
-  std::uint32_t lookup_or_intern(const std::vector<void*>& frames) {
-    thread_local std::unordered_map<std::string, Entry> cache;
-    const std::string& key = key_buffer();
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second.frames_id;
-    if (cache.size() >= kMaxCached) {
-      for (auto& [k, entry] : cache)
-        for (void* code : entry.codes) decref_(code);
-      cache.clear();
-    }
-    std::string text;
-    Entry entry;
-    for (void* frame : frames) {
-      void* code = code_(frame);  // new reference, kept by the entry
-      entry.codes.push_back(code);
-      if (!text.empty()) text += '\n';
-      text += attr(code, "co_filename") + ":" + std::to_string(line_(frame)) + ":" +
-              attr(code, "co_qualname", "co_name");
-    }
-    if (gmem_set_frames(text.c_str()) == GMEM_OK) entry.frames_id = gmem_current_frames();
-    (void)gmem_set_frames(nullptr);
-    const std::uint32_t id = entry.frames_id;
-    cache.emplace(key, std::move(entry));
-    return id;
-  }
-
-  static std::string& key_buffer() {
-    thread_local std::string key;
-    return key;
-  }
-
-  std::string attr(void* object, const char* name, const char* fallback = nullptr) {
-    void* value = getattr_(object, name);
-    if (value == nullptr) {
-      err_clear_();
-      return fallback != nullptr ? attr(object, fallback) : "?";
-    }
-    const char* text = utf8_(value);
-    std::string out = text != nullptr ? text : "?";
-    if (text == nullptr) err_clear_();
-    decref_(value);
-    return out;
-  }
-
-  bool ok_ = false;
-  int (*initialized_)() = nullptr;
-  int (*finalizing_)() = nullptr;
-  void* (*this_thread_state_)() = nullptr;
-  int (*ensure_)() = nullptr;  // PyGILState_STATE is an int-sized enum
-  void (*release_)(int) = nullptr;
-  void* (*current_frame_)() = nullptr;
-  void* (*back_)(void*) = nullptr;
-  void* (*code_)(void*) = nullptr;
-  int (*lasti_)(void*) = nullptr;
-  int (*line_)(void*) = nullptr;
-  void* (*getattr_)(void*, const char*) = nullptr;
-  const char* (*utf8_)(void*) = nullptr;
-  void (*incref_)(void*) = nullptr;
-  void (*decref_)(void*) = nullptr;
-  void (*err_clear_)() = nullptr;
-};
-
 void raw_delete_fn(void* ptr);
-
-// Gives an allocation its Python call site while gmem tracks the device and the thread set none;
-// clears it afterwards (also when the allocation throws).
-class SiteGuard {
- public:
-  SiteGuard(PythonSites& sites, DeviceIndex device)
-      : applied_(gmem_tracking_enabled(device) == 1 && gmem_current_frames() == 0 &&
-                 sites.apply()) {}
-  ~SiteGuard() {
-    if (applied_) (void)gmem_restore_frames(0);
-  }
-  SiteGuard(const SiteGuard&) = delete;
-  SiteGuard& operator=(const SiteGuard&) = delete;
-
- private:
-  bool applied_;
-};
 
 class GmemAllocator final : public cca::CUDAAllocator {
  public:
@@ -337,9 +177,9 @@ class GmemAllocator final : public cca::CUDAAllocator {
     if (size == 0) return nullptr;
     TORCH_CHECK(device >= 0 && device < kMaxDevices, "gmem: device ", int(device),
                 " is out of range");
-    // Stacks are gathered before any lock: the recorder and the Python call sites take the GIL.
+    // Stacks are gathered before any lock: the recorder may take the GIL. (gmem's own tracker
+    // takes the Python call site inside the engine, when tracking is on.)
     std::shared_ptr<c10::GatheredContext> context = gather_context();
-    const SiteGuard site(python_sites_, device);
     void* ptr = nullptr;
     MempoolId_t pool_id{0, 0};
     if (routes_active_.load(std::memory_order_acquire) != 0 &&
@@ -1054,7 +894,6 @@ class GmemAllocator final : public cca::CUDAAllocator {
 
   // --- state -----------------------------------------------------------------------------------
 
-  PythonSites python_sites_;
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
   int device_count_ = 0;
