@@ -77,18 +77,26 @@ def tracking_cost(bench, gmem, args, rounds=7):
         row["churn"] = bench.gmem_bench_churn(1, 1000, args.churn_ops, 512, 64 << 20, 12345)
         return row
 
-    plain, tracked = [], []
+    # "gmem_tracked": the engine's tracking, call sites from the thread's frames; "gmem_pystacks":
+    # Python call sites too (the default from Python: libgmem takes the GIL and reads the
+    # calling thread's stack at each malloc; the loops run on the Python thread).
+    plain, tracked, pystacks = [], [], []
     for _ in range(rounds):
         plain.append(loops())
-        gmem.enable_tracking()
-        try:
-            tracked.append(loops())
-        finally:
-            gmem.disable_tracking()
-    median = {key: (statistics.median(r[key] for r in plain),
-                    statistics.median(r[key] for r in tracked)) for key in plain[0]}
-    return {"gmem_tracked": {key: round(t, 1) for key, (p, t) in median.items()},
-            "tracking_overhead": {key: round(t / p, 3) for key, (p, t) in median.items()}}
+        for stacks, out in (("thread", tracked), ("python", pystacks)):
+            gmem.enable_tracking(stacks=stacks)
+            try:
+                out.append(loops())
+            finally:
+                gmem.disable_tracking()
+
+    def medians(runs):
+        return {key: statistics.median(r[key] for r in runs) for key in plain[0]}
+    base, t, py = medians(plain), medians(tracked), medians(pystacks)
+    return {"gmem_tracked": {key: round(v, 1) for key, v in t.items()},
+            "gmem_pystacks": {key: round(v, 1) for key, v in py.items()},
+            "tracking_overhead": {key: round(t[key] / base[key], 3) for key in base},
+            "pystacks_overhead": {key: round(py[key] / base[key], 3) for key in base}}
 
 
 def main():

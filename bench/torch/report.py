@@ -108,7 +108,8 @@ def table(results):
         "%(ran)d ran, %(failed)d failed, %(skipped)d skipped" % py if py else "did not finish"))
 
     alloc = results["alloc_ns"]
-    columns = [c for c in ("gmem", "gmem_tracked", "torch", "torch_expandable", "cudaMallocAsync")
+    columns = [c for c in ("gmem", "gmem_tracked", "gmem_pystacks", "torch", "torch_expandable",
+                           "cudaMallocAsync")
                if c in alloc]
     if columns:
         out.append("")
@@ -117,10 +118,11 @@ def table(results):
                            ("churn", "churn 1000 live")):
             out.append("%-18s" % label + "".join("%17s" % fmt(alloc[c].get(key), ".0f")
                                                  for c in columns))
-        overhead = alloc.get("tracking_overhead")
-        if overhead:
-            out.append("tracking: gmem_tracked / gmem = " + ", ".join(
-                "%s %s" % (key, fmt(value, ".3f")) for key, value in overhead.items()))
+        for key, label in (("tracking_overhead", "gmem_tracked"), ("pystacks_overhead", "gmem_pystacks")):
+            overhead = alloc.get(key)
+            if overhead:
+                out.append("tracking: %s / gmem = " % label + ", ".join(
+                    "%s %s" % (name, fmt(value, ".3f")) for name, value in overhead.items()))
 
     replay = {(r["trace"], r["allocator"]): r for r in results["replay"]}
     if replay:
