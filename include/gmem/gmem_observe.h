@@ -81,6 +81,11 @@ gmem_status_t gmem_oom_report_json(int device, char* buf, size_t size, size_t* n
 gmem_status_t gmem_leaks_text(int device, char* buf, size_t size, size_t* needed);
 gmem_status_t gmem_leaks_json(int device, char* buf, size_t size, size_t* needed);
 
+/* The `n` call sites holding the most live memory on `device`, most first, as the summary and
+ * OOM reports name them (a stack's innermost frame in the user's own code):
+ * [{"site": "train.py:42:forward", "bytes": 1048576, "count": 3}, ...]; [] when untracked. */
+gmem_status_t gmem_top_sites_json(int device, size_t n, char* buf, size_t size, size_t* needed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,23 +46,9 @@ def _dist():
 def top_sites(device=None, top=3):
     """The call sites holding the most live memory, [(site, bytes)], largest first; empty unless
     tracking is on (gmem.enable_tracking) and has seen the allocations."""
-    if top <= 0 or not observe.is_tracking(device):
+    if top <= 0:
         return []
-    snap = observe.snapshot(device)
-    frames = snap.get("frames", {})
-    held = {}
-    for segment in snap.get("segments", []):
-        for block in segment.get("blocks", []):
-            if block.get("state") != "active_allocated":
-                continue
-            stack = frames.get(str(block.get("frames", 0))) or []
-            if stack:
-                f = stack[0]
-                site = "%s:%s:%s" % (f.get("filename"), f.get("line"), f.get("name"))
-            else:
-                site = block.get("scope") or "<unknown>"
-            held[site] = held.get(site, 0) + block.get("size", 0)
-    return sorted(held.items(), key=lambda item: -item[1])[:top]
+    return [(g["site"], g["bytes"]) for g in observe.top_sites(top, device)]
 
 
 def _device_ordinal(device):

@@ -51,6 +51,8 @@ _PROTOTYPES = {
     "gmem_oom_report_text": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
     "gmem_oom_report_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
     "gmem_leaks_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
+    "gmem_top_sites_json": (_status, [ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p,
+                                      ctypes.c_size_t, _size_p]),
 }
 
 _declared = threading.Lock()
@@ -275,6 +277,12 @@ class Leaks:
         sites = ", ".join("%s +%d B/step" % (f["site"], f["bytes_per_step"]) for f in self.findings)
         return "<gmem.Leaks: %d step(s), cause %s%s>" % (self.steps, self.cause,
                                                           ": " + sites if sites else "")
+
+
+def top_sites(n=10, device=None):
+    """The `n` call sites holding the most live memory, most first, named as summaries and OOM
+    reports name them: [{"site", "bytes", "count"}]; [] when `device` is not tracked."""
+    return json.loads(_lib.text(_c().gmem_top_sites_json, device_index(device), int(n)))
 
 
 def leaks(device=None):

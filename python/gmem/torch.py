@@ -219,23 +219,8 @@ def _patch(torch):
 # --- watch(): steps and module tracking in one line ---------------------------------------------
 
 
-class Watch:
+class Watch(observe.ModuleTracking):
     """What watch() returns: remove() takes its hooks off again (also as a context manager)."""
-
-    def __init__(self, handles):
-        self._handles = handles
-
-    def remove(self):
-        for handle in self._handles:
-            handle.remove()
-        del self._handles[:]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False
 
 
 def watch(obj, name="model", stacks=False):

@@ -284,6 +284,24 @@ gmem_status_t gmem_leaks_text(int device, char* buf, size_t size, size_t* needed
   });
 }
 
+gmem_status_t gmem_top_sites_json(int device, size_t n, char* buf, size_t size, size_t* needed) {
+  return run_guarded("gmem_top_sites_json", [&] {
+    gmem::capi::DeviceContext& context = gmem::capi::context(device);
+    const gmem::Tracker* tracker = gmem::capi::slot(context).load(std::memory_order_acquire);
+    gmem::json::Writer w;
+    w.begin_array();
+    if (tracker != nullptr)
+      for (const gmem::UsageGroup& g : tracker->usage_by_site(n))
+        w.begin_object()
+            .field("site", std::string_view(g.key))
+            .field("bytes", std::uint64_t{g.bytes})
+            .field("count", std::uint64_t{g.count})
+            .end_object();
+    w.end_array();
+    copy_text_out(w.str(), buf, size, needed);
+  });
+}
+
 gmem_status_t gmem_leaks_json(int device, char* buf, size_t size, size_t* needed) {
   return run_guarded("gmem_leaks_json", [&] {
     copy_text_out(gmem::capi::live_leaks_json(device), buf, size, needed);

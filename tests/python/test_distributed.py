@@ -123,12 +123,17 @@ class SummaryTest(WithFakeGroup):
             self.blocks.append(gmem.malloc(32 * MiB))
             gmem.set_frames("there.py:3:small\n")
             self.blocks.append(gmem.malloc(2 * MiB))
+            # Named as summaries name sites: the innermost frame of the user's own code.
+            gmem.set_frames("/venv/site-packages/torch/nn/modules/linear.py:125:forward\n"
+                            "model.py:7:forward\n")
+            self.blocks.append(gmem.malloc(1 * MiB))
             gmem.set_frames(None)
-            sites = distributed.top_sites(top=2)
+            sites = distributed.top_sites(top=3)
         finally:
             gmem.disable_tracking()
         self.assertEqual(sites[0], ("here.py:12:make", 32 * MiB))
         self.assertEqual(sites[1][0], "there.py:3:small")
+        self.assertEqual(sites[2], ("model.py:7:forward", 1 * MiB))
 
 
 class StoreTest(WithFakeGroup):

@@ -58,6 +58,16 @@ std::string data_file(const std::string& name) { return std::string(GMEM_TEST_DA
 struct Tally {
   std::uint64_t runs = 0, injected = 0, surfaced = 0, survived_runs = 0, ops = 0;
   std::uint64_t waits = 0, retries = 0;  // the engine's num_sync_all_streams, num_alloc_retries
+  Tally& operator+=(const Tally& t) {
+    runs += t.runs;
+    injected += t.injected;
+    surfaced += t.surfaced;
+    survived_runs += t.survived_runs;
+    ops += t.ops;
+    waits += t.waits;
+    retries += t.retries;
+    return *this;
+  }
 };
 std::mutex g_tally_mutex;
 std::map<std::string, Tally> g_replay_tally, g_tight_tally, g_thread_tally;
@@ -69,26 +79,19 @@ class PrintTallies : public ::testing::Environment {
       if (tally.empty()) return;
       std::printf("\n%s\n%-24s %6s %9s %9s %9s %10s %8s %8s\n", title, "fault", "runs", "injected",
                   "surfaced", "survived", "ops", "waits", "retries");
-      Tally sum;
-      for (const auto& [name, t] : tally) {
-        std::printf("%-24s %6llu %9llu %9llu %9llu %10llu %8llu %8llu\n", name.c_str(),
+      auto row = [](const char* name, const Tally& t) {
+        std::printf("%-24s %6llu %9llu %9llu %9llu %10llu %8llu %8llu\n", name,
                     static_cast<unsigned long long>(t.runs), static_cast<unsigned long long>(t.injected),
                     static_cast<unsigned long long>(t.surfaced),
                     static_cast<unsigned long long>(t.survived_runs), static_cast<unsigned long long>(t.ops),
                     static_cast<unsigned long long>(t.waits), static_cast<unsigned long long>(t.retries));
-        sum.runs += t.runs;
-        sum.injected += t.injected;
-        sum.surfaced += t.surfaced;
-        sum.survived_runs += t.survived_runs;
-        sum.ops += t.ops;
-        sum.waits += t.waits;
-        sum.retries += t.retries;
+      };
+      Tally sum;
+      for (const auto& [name, t] : tally) {
+        row(name.c_str(), t);
+        sum += t;
       }
-      std::printf("%-24s %6llu %9llu %9llu %9llu %10llu %8llu %8llu\n", "total",
-                  static_cast<unsigned long long>(sum.runs), static_cast<unsigned long long>(sum.injected),
-                  static_cast<unsigned long long>(sum.surfaced),
-                  static_cast<unsigned long long>(sum.survived_runs), static_cast<unsigned long long>(sum.ops),
-                  static_cast<unsigned long long>(sum.waits), static_cast<unsigned long long>(sum.retries));
+      row("total", sum);
     };
     std::lock_guard lock(g_tally_mutex);
     print("fault injection on trace replays (injected: failures fired; surfaced: reported to the caller)",
@@ -351,14 +354,7 @@ const std::vector<TraceProgram>& programs() {
 
 void add_tally(std::map<std::string, Tally>& tally, const std::string& name, const Tally& t) {
   std::lock_guard lock(g_tally_mutex);
-  Tally& sum = tally[name];
-  sum.runs += t.runs;
-  sum.injected += t.injected;
-  sum.surfaced += t.surfaced;
-  sum.survived_runs += t.survived_runs;
-  sum.ops += t.ops;
-  sum.waits += t.waits;
-  sum.retries += t.retries;
+  tally[name] += t;
 }
 
 // Runs a replay; a violated check or an unexpected exception fails the test and counts as a run.
