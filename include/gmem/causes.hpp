@@ -2,6 +2,10 @@
 // the summary and `gmem leaks`, so that they never disagree about the cause.
 //
 // The causes, tried in this order (the first that the evidence supports wins):
+//   graph kept alive           a leak (below) where most of the kept memory is tensors PyTorch
+//                              saved for a backward pass that never used them (graph tracking,
+//                              LeakFinding::graph_bytes): outputs kept from inference run without
+//                              no_grad, or a loss kept with its graph;
 //   leak                       memory kept across steps and still growing (the leak test's
 //                              findings) and large enough to matter: it holds at least the
 //                              shortfall (without it the request would fit), or a quarter of the
@@ -31,9 +35,9 @@
 
 namespace gmem {
 
-enum class Cause { none, leak, held_outside, batch_too_large, model_too_large, live_memory, fragmentation };
+enum class Cause { none, graph_kept, leak, held_outside, batch_too_large, model_too_large, live_memory, fragmentation };
 
-// "leak", "memory held outside gmem", "batch too large", ... as in the comment above.
+// "graph kept alive", "leak", "memory held outside gmem", ... as in the comment above.
 const char* cause_name(Cause cause) noexcept;
 
 // The numbers the decision is made from; 0 where unknown.
@@ -57,6 +61,7 @@ struct Diagnosis {
   std::string evidence;  // the numbers that decided it, one sentence
   std::size_t held_outside = 0;  // device total - free - gmem's reserved (0 when unknown)
   std::size_t leaked = 0;        // bytes the leak findings keep
+  std::size_t graph_kept = 0;    // of those, bytes saved for a backward that never used them
   std::vector<std::string> advice;  // the fix for this cause first, then what else may help
 };
 

@@ -37,6 +37,12 @@ struct LeakFinding {
   std::size_t first_step = 0;        // the step (period) whose allocations began to survive
   std::size_t periods = 0;           // steps from first_step to the last boundary
   std::size_t growing_periods = 0;   // of those, how many grew
+  // Graph tracking (PyTorch, gmem.torch.track_graphs): of the leak's blocks still live, the bytes
+  // PyTorch saved for a backward pass that has not used them: a graph kept alive. 0 without it.
+  std::int64_t graph_bytes = 0;
+  // A backward pass has run in this program: a graph kept alive is then a value kept with its
+  // graph (losses.append(loss)), not inference run without torch.no_grad().
+  bool backward_runs = false;
   LeakSample sample;
 };
 
@@ -67,6 +73,11 @@ class LeakDetector {
                 std::string_view stack = {});
   // Frees of addresses never seen (allocated before tracking began) are ignored.
   void on_free(std::uint64_t addr);
+  // The live block at `addr` holds a tensor saved for a backward pass (or no more: the backward
+  // used it). Unknown addresses are ignored.
+  void on_saved(std::uint64_t addr, bool saved);
+  // A backward pass ran in the program.
+  void on_backward();
   // A step boundary: the step counter advances. Steps are numbered from 0 (before the first marker).
   void on_step(std::int64_t time_us);
 

@@ -139,6 +139,15 @@ class Tracker final {
   // A training step ends: the step counter advances and leak detection takes its sample.
   void step();
   void annotate(std::string_view text);
+  // Autograd graphs (PyTorch's saved-tensor hooks call these): the block at `addr` holds a tensor
+  // saved for a backward pass (`saved`), or that backward has used it (!saved). Returns false when
+  // `addr` is not the start of a live tracked block (it was allocated before tracking, or by
+  // another allocator); nothing changes then. A block saved and still live steps later is
+  // reported by leak detection as a graph kept alive (LeakFinding::graph_bytes).
+  bool mark_saved(std::uintptr_t addr, bool saved);
+  // A backward pass ran (the first unpack of a saved tensor): graphs kept alive are then values
+  // kept with their graph (a loss in a list), not inference run without no_grad.
+  void note_backward();
 
   Engine& engine() const noexcept;
   const TrackerOptions& options() const noexcept;

@@ -216,6 +216,80 @@ def _patch(torch):
             setattr(module, name, fn)
 
 
+# --- track_graphs(): memory saved for backward -------------------------------------------------
+
+
+class GraphTracking:
+    """What track_graphs() returns: remove() stops graph tracking (also as a context manager)."""
+
+    def __init__(self, hooks):
+        self._hooks = hooks
+
+    def remove(self):
+        if self._hooks is not None:
+            hooks, self._hooks = self._hooks, None
+            hooks.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def track_graphs():
+    """Tells gmem which memory PyTorch keeps for a backward pass, so that leak detection can tell
+    a graph kept alive from memory kept on purpose:
+
+        gmem.enable_tracking()
+        gmem.torch.track_graphs()     # (gmem.torch.watch() does this for you)
+
+    Through torch.autograd.graph.saved_tensors_hooks: when autograd saves a tensor for backward,
+    gmem flags its block; when backward uses it, the flag goes. A block still flagged steps later
+    is a graph kept alive: the leak's report says so, and its advice is torch.no_grad() when no
+    backward pass ever ran (inference keeping its outputs), or loss.item() / tensor.detach() when
+    backward runs but not for these (a loss kept in a list). A cache of detached tensors, or an
+    EMA of weights, is never flagged.
+
+    The hooks are the calling thread's (forward passes run there) and sit below any the program
+    pushes itself; remove() takes them off. Cost: two small Python calls per saved tensor (see
+    README for the measured cost per training step). torch.compile runs the hooks too, on the
+    compiled graph's saved tensors."""
+    import torch
+
+    mark = observe._c().gmem_graph_saved
+    backward_seen = [False]
+
+    def block_of(tensor):
+        device = tensor.get_device()
+        if device < 0:
+            return None
+        try:
+            return device, tensor.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None  # sparse or subclass tensors without one storage
+
+    def pack(tensor):
+        block = block_of(tensor)
+        if block is not None:
+            mark(block[0], block[1], 1)
+        return tensor
+
+    def unpack(tensor):
+        if not backward_seen[0]:
+            backward_seen[0] = True
+            _lib.check(observe._c().gmem_graph_backward())
+        block = block_of(tensor)
+        if block is not None:
+            mark(block[0], block[1], 0)
+        return tensor
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+    hooks.__enter__()
+    return GraphTracking(hooks)
+
+
 # --- watch(): steps and module tracking in one line ---------------------------------------------
 
 
@@ -223,7 +297,7 @@ class Watch(observe.ModuleTracking):
     """What watch() returns: remove() takes its hooks off again (also as a context manager)."""
 
 
-def watch(obj, name="model", stacks=False):
+def watch(obj, name="model", stacks=False, graphs=True):
     """Marks gmem's steps for you, so that leak detection (gmem.leaks(), OOM reports) works
     without gmem.step() calls:
 
@@ -231,13 +305,18 @@ def watch(obj, name="model", stacks=False):
         gmem.torch.watch(model)       # module tracking (track_modules), and a step at each
                                       # forward of the top module after the first one
 
+    graphs=True (the default) also tracks autograd graphs (track_graphs()), so that a graph kept
+    alive (inference without no_grad, losses.append(loss)) is reported as such.
+
     A model's steps begin at its forward, not at the end of its backward: inference has no
     backward, and a training step that runs forward once begins with it. Watch one or the other:
     a model called several times a step (gradient accumulation) counts a step per call, which
     leak detection takes in its stride (a leak is judged at the rhythm it grows). Returns a
     handle whose remove() takes the hooks off. Tracking must be on (gmem.enable_tracking())."""
+    extra = [track_graphs()] if graphs else []
     if hasattr(obj, "register_step_post_hook"):  # a torch.optim.Optimizer
-        return Watch([obj.register_step_post_hook(lambda optimizer, args, kwargs: observe.step())])
+        return Watch([obj.register_step_post_hook(lambda optimizer, args, kwargs: observe.step())]
+                     + extra)
     if hasattr(obj, "named_modules") and hasattr(obj, "register_forward_pre_hook"):  # an nn.Module
         state = {"calls": 0}
 
@@ -252,7 +331,9 @@ def watch(obj, name="model", stacks=False):
         handles = [obj.register_forward_pre_hook(mark_step)]
         tracking = track_modules(obj, name=name, stacks=stacks)
         handles.append(tracking)
-        return Watch(handles)
+        return Watch(handles + extra)
+    for handle in extra:
+        handle.remove()
     raise TypeError("gmem.torch.watch() takes a torch.optim.Optimizer (it has "
                     "register_step_post_hook) or a torch.nn.Module, not %s" % type(obj).__name__)
 

@@ -41,6 +41,23 @@ std::string leak_fix(const LeakFinding& leak) {
          "a loss or a metric, keep loss.item() or tensor.detach(), not the tensor with its graph.";
 }
 
+// The fix for a graph kept alive: what keeps it follows from whether the program runs backward.
+std::string graph_fix(const LeakFinding& leak) {
+  const std::string kept = "+" + bytes(leak.bytes_per_step) + " a step of activations saved at " + leak.site;
+  if (!leak.backward_runs)
+    return "Run inference under torch.no_grad() or torch.inference_mode(): no backward pass runs "
+           "in this program, yet the outputs it keeps hold their autograd graph (" + kept + ").";
+  return "Keep loss.item() or tensor.detach(), not the tensor: a value kept across steps (as in "
+         "losses.append(loss)) holds the autograd graph it was computed with (" + kept +
+         "), and no backward pass uses it. Compute values that are only logged or evaluated under "
+         "torch.no_grad().";
+}
+
+// A finding is a graph kept alive when most of what it keeps was saved for a backward.
+bool is_graph(const LeakFinding& leak) {
+  return leak.graph_bytes > 0 && 2 * leak.graph_bytes >= leak.surviving_bytes;
+}
+
 const char* kSmallerBatch = "Use a smaller batch (or shorter sequences): activations grow with it.";
 const char* kNoGrad =
     "For inference, run under torch.no_grad() or torch.inference_mode(), so that no activations "
@@ -77,6 +94,7 @@ void add_fragmentation_advice(Diagnosis& d) {
 const char* cause_name(Cause cause) noexcept {
   switch (cause) {
     case Cause::none: return "none";
+    case Cause::graph_kept: return "graph kept alive";
     case Cause::leak: return "leak";
     case Cause::held_outside: return "memory held outside gmem";
     case Cause::batch_too_large: return "batch too large";
@@ -90,7 +108,11 @@ const char* cause_name(Cause cause) noexcept {
 Diagnosis diagnose(const CauseEvidence& e) {
   Diagnosis d;
   if (e.device_total > 0) d.held_outside = minus(e.device_total, e.device_free + e.reserved);
-  for (const LeakFinding& leak : e.leaks) d.leaked += static_cast<std::size_t>(std::max<std::int64_t>(leak.surviving_bytes, 0));
+  for (const LeakFinding& leak : e.leaks) {
+    const auto kept = static_cast<std::size_t>(std::max<std::int64_t>(leak.surviving_bytes, 0));
+    d.leaked += kept;
+    if (is_graph(leak)) d.graph_kept += kept;
+  }
 
   const bool failed = e.requested > 0;
   const Capacity capacity = capacity_of(e);
@@ -107,21 +129,35 @@ Diagnosis diagnose(const CauseEvidence& e) {
   // 1. A leak, where it is large enough to have made the difference.
   const bool leak_matters = !e.leaks.empty() && (!failed || (d.leaked > 0 && (d.leaked >= shortfall || 4 * d.leaked >= e.allocated)));
   if (leak_matters) {
-    const LeakFinding& top = e.leaks.front();
-    d.cause = Cause::leak;
+    // A graph kept alive when graphs hold most of the leaked bytes; its own findings come first.
+    const bool graph = 2 * d.graph_kept >= d.leaked && d.graph_kept > 0;
+    const LeakFinding& top = graph ? *std::find_if(e.leaks.begin(), e.leaks.end(), is_graph)
+                                   : e.leaks.front();
+    d.cause = graph ? Cause::graph_kept : Cause::leak;
     d.evidence = top.site + " keeps +" + bytes(top.bytes_per_step) + " a step (grew in " +
                  std::to_string(top.growing_periods) + " of " + std::to_string(top.periods) +
                  " steps)";
+    if (graph)
+      d.evidence = "tensors saved for a backward pass that never used them are kept across steps (" +
+                   bytes(d.graph_kept) + " of the " + bytes(d.leaked) + " kept; " +
+                   (top.backward_runs ? "backward passes run, but not for these"
+                                      : "no backward pass has run") + "): " + d.evidence;
     if (e.leaks.size() > 1)
       d.evidence += ", " + std::to_string(e.leaks.size() - 1) + " more site" + (e.leaks.size() > 2 ? "s" : "") + " too";
     d.evidence += "; " + bytes(d.leaked) + (failed ? " kept" + percent_of(d.leaked, e.allocated)
                                                    : " kept by the last step");
     if (over) d.evidence += ", more than the " + bytes(shortfall) + " the request was short";
     else if (failed) d.evidence += "; " + needs + ", which fits under " + where;
-    d.advice.push_back(leak_fix(top));
-    for (std::size_t i = 1; i < e.leaks.size() && i < 3; ++i) d.advice.push_back(leak_fix(e.leaks[i]));
-    d.advice.push_back("If the kept tensors are meant to stay (a cache, an EMA of weights), bound "
-                       "the cache, or keep it on the CPU.");
+    d.advice.push_back(graph ? graph_fix(top) : leak_fix(top));
+    for (std::size_t i = 0, more = 0; i < e.leaks.size() && more < 2; ++i) {
+      if (&e.leaks[i] == &top) continue;
+      d.advice.push_back(is_graph(e.leaks[i]) ? graph_fix(e.leaks[i]) : leak_fix(e.leaks[i]));
+      ++more;
+    }
+    d.advice.push_back(graph ? "To keep outputs on purpose, keep out.detach() (or out.cpu()): the "
+                               "values stay, their graph goes."
+                             : "If the kept tensors are meant to stay (a cache, an EMA of weights), "
+                               "bound the cache, or keep it on the CPU.");
     if (failed) d.advice.push_back(kSmallerBatch);
   } else if (over && capacity.device_binds && need <= e.device_total && d.held_outside >= shortfall &&
              d.held_outside > e.device_total / 20) {
@@ -187,8 +223,9 @@ Diagnosis diagnose(const CauseEvidence& e) {
                     " reserved is stranded in shared pages and slabs";
   }
   // A leak too small to be the cause still wants fixing: right after this cause's own fix.
-  if (d.cause != Cause::leak && !e.leaks.empty())
-    d.advice.insert(d.advice.begin() + (d.advice.empty() ? 0 : 1), leak_fix(e.leaks.front()));
+  if (d.cause != Cause::leak && d.cause != Cause::graph_kept && !e.leaks.empty())
+    d.advice.insert(d.advice.begin() + (d.advice.empty() ? 0 : 1),
+                    is_graph(e.leaks.front()) ? graph_fix(e.leaks.front()) : leak_fix(e.leaks.front()));
   d.name = cause_name(d.cause);
   return d;
 }

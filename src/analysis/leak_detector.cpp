@@ -15,6 +15,7 @@ struct Live {
   std::uint32_t stack = 0;
   std::size_t step = 0;  // the step it was allocated in
   std::int64_t time_us = 0;
+  bool saved = false;    // saved for a backward pass that has not used it
 };
 
 struct Site {
@@ -87,19 +88,29 @@ class LeakDetector::Impl {
     }
   }
 
+  void saved(std::uint64_t addr, bool saved) {
+    if (auto it = live_.find(addr); it != live_.end()) it->second.saved = saved;
+  }
+  void backward() { backward_runs_ = true; }
+
   std::size_t steps() const { return step_; }
   std::size_t live_count() const { return live_.size(); }
 
   std::vector<LeakFinding> findings() const {
     std::vector<LeakFinding> out;
+    std::vector<std::int64_t> step_growth;
+    std::unordered_map<std::uint32_t, std::size_t> index;  // site id -> its finding
     for (std::uint32_t id = 0; id < sites_.size(); ++id) {
       LeakFinding finding;
-      std::int64_t step_growth = 0;
-      if (judge(sites_[id], finding, step_growth)) {
-        fill_sample(id, step_growth, finding);
+      std::int64_t growth = 0;
+      if (judge(sites_[id], finding, growth)) {
+        index.emplace(id, out.size());
+        finding.backward_runs = backward_runs_;
         out.push_back(std::move(finding));
+        step_growth.push_back(growth);
       }
     }
+    fill_samples(index, step_growth, out);
     std::sort(out.begin(), out.end(), [](const LeakFinding& a, const LeakFinding& b) {
       return a.bytes_per_step != b.bytes_per_step ? a.bytes_per_step > b.bytes_per_step
                                                   : a.site < b.site;
@@ -125,26 +136,38 @@ class LeakDetector::Impl {
     return true;
   }
 
-  // The oldest live block of the leak: allocated in a step the trend covers, and no larger than a
-  // step's growth (a one-off workspace allocated in the same step is not the leak).
-  void fill_sample(std::uint32_t site_id, std::int64_t step_growth, LeakFinding& finding) const {
-    const Live* oldest = nullptr;
-    std::uint64_t oldest_addr = 0;
+  // One pass over the live blocks for every finding: its sample, the oldest live block of the
+  // leak (allocated in a step the trend covers, and no larger than a step's growth: a one-off
+  // workspace allocated in the same step is not the leak), and its bytes saved for a backward.
+  void fill_samples(const std::unordered_map<std::uint32_t, std::size_t>& index,
+                    const std::vector<std::int64_t>& step_growth,
+                    std::vector<LeakFinding>& findings) const {
+    if (findings.empty()) return;
+    struct Oldest {
+      const Live* block = nullptr;
+      std::uint64_t addr = 0;
+    };
+    std::vector<Oldest> oldest(findings.size());
     for (const auto& [addr, block] : live_) {
-      if (block.site != site_id || block.step < finding.first_step || block.step + 2 > step_ ||
-          static_cast<std::int64_t>(block.size) > step_growth)
-        continue;
-      if (!oldest || block.time_us < oldest->time_us ||
-          (block.time_us == oldest->time_us && addr < oldest_addr)) {
-        oldest = &block;
-        oldest_addr = addr;
-      }
+      const auto it = index.find(block.site);
+      if (it == index.end()) continue;
+      LeakFinding& finding = findings[it->second];
+      if (block.step < finding.first_step || block.step + 2 > step_) continue;  // not kept (yet)
+      if (block.saved) finding.graph_bytes += static_cast<std::int64_t>(block.size);
+      if (static_cast<std::int64_t>(block.size) > step_growth[it->second]) continue;
+      Oldest& o = oldest[it->second];
+      if (!o.block || block.time_us < o.block->time_us ||
+          (block.time_us == o.block->time_us && addr < o.addr))
+        o = Oldest{&block, addr};
     }
-    if (oldest) {
-      finding.sample = LeakSample{oldest_addr, oldest->size, oldest->time_us, stacks_.text(oldest->stack)};
-      finding.first_seen_us = oldest->time_us;
-    } else if (finding.first_step >= 1 && finding.first_step <= step_times_.size()) {
-      finding.first_seen_us = step_times_[finding.first_step - 1];  // the step's start
+    for (std::size_t k = 0; k < findings.size(); ++k) {
+      LeakFinding& finding = findings[k];
+      if (const Live* block = oldest[k].block) {
+        finding.sample = LeakSample{oldest[k].addr, block->size, block->time_us, stacks_.text(block->stack)};
+        finding.first_seen_us = block->time_us;
+      } else if (finding.first_step >= 1 && finding.first_step <= step_times_.size()) {
+        finding.first_seen_us = step_times_[finding.first_step - 1];  // the step's start
+      }
     }
   }
 
@@ -154,6 +177,7 @@ class LeakDetector::Impl {
   std::unordered_map<std::uint64_t, Live> live_;
   std::vector<std::int64_t> step_times_;  // step_times_[k-1]: time of boundary k
   std::size_t step_ = 0;
+  bool backward_runs_ = false;
 };
 
 LeakDetector::LeakDetector(LeakOptions options) : impl_(std::make_unique<Impl>(options)) {}
@@ -166,6 +190,8 @@ void LeakDetector::on_alloc(std::uint64_t addr, std::uint64_t size, std::string_
   impl_->alloc(addr, size, site, time_us, stack);
 }
 void LeakDetector::on_free(std::uint64_t addr) { impl_->free(addr); }
+void LeakDetector::on_saved(std::uint64_t addr, bool saved) { impl_->saved(addr, saved); }
+void LeakDetector::on_backward() { impl_->backward(); }
 void LeakDetector::on_step(std::int64_t time_us) { impl_->step(time_us); }
 std::size_t LeakDetector::steps() const { return impl_->steps(); }
 std::size_t LeakDetector::live_count() const { return impl_->live_count(); }

@@ -54,6 +54,10 @@ std::string format_leaks(const LeakReport& report) {
         << "  grows " << bytes(leak.bytes_per_step) << " a step since step " << leak.first_step
         << " (grew in " << leak.growing_periods << " of " << leak.periods << " steps); "
         << bytes(leak.surviving_bytes) << " survive\n";
+    if (leak.graph_bytes > 0)
+      out << "  " << bytes(leak.graph_bytes) << " of it saved for a backward pass that never used it"
+          << (leak.backward_runs ? " (a value kept with its graph)" : " (no backward pass has run)")
+          << "\n";
     if (leak.sample.size > 0) {
       out << "  first leaked block still live: " << bytes(static_cast<std::int64_t>(leak.sample.size))
           << " at 0x" << std::hex << leak.sample.addr << std::dec << ", allocated "
@@ -86,7 +90,9 @@ std::string leaks_json(const LeakReport& report) {
         .field("first_seen_us", leak.first_seen_us - report.start_us)
         .field("first_step", std::uint64_t{leak.first_step})
         .field("periods", std::uint64_t{leak.periods})
-        .field("growing_periods", std::uint64_t{leak.growing_periods});
+        .field("growing_periods", std::uint64_t{leak.growing_periods})
+        .field("graph_bytes", leak.graph_bytes)
+        .field("backward_runs", leak.backward_runs);
     w.key("sample")
         .begin_object()
         .field("addr", leak.sample.addr)

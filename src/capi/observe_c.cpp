@@ -240,6 +240,20 @@ gmem_status_t gmem_step(void) {
                      [] { gmem::capi::for_each_tracker([](gmem::Tracker& t) { t.step(); }); });
 }
 
+int gmem_graph_saved(int device, uintptr_t ptr, int saved) {
+  int marked = -1;
+  run_guarded("gmem_graph_saved", [&] {
+    gmem::Tracker* tracker = gmem::capi::slot(gmem::capi::context(device)).load(std::memory_order_acquire);
+    marked = tracker != nullptr && tracker->mark_saved(ptr, saved != 0) ? 1 : 0;
+  });
+  return marked;
+}
+
+gmem_status_t gmem_graph_backward(void) {
+  return run_guarded("gmem_graph_backward",
+                     [] { gmem::capi::for_each_tracker([](gmem::Tracker& t) { t.note_backward(); }); });
+}
+
 gmem_status_t gmem_annotate(const char* text) {
   return run_guarded("gmem_annotate", [&] {
     const std::string note = gmem::capi::text_or_empty(text);

@@ -20,6 +20,7 @@ struct BlockTag {
   std::uint32_t step = 0;
   std::uint32_t scope = 0;
   std::uint32_t frames = 0;
+  std::uint32_t flags = 0;  // the observer's own bits (tracking: saved for a backward pass)
 };
 
 // Context for each malloc and free (a call stack: microseconds), gathered before the engine takes

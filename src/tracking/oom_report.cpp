@@ -151,7 +151,11 @@ std::string to_text(const OomReport& r) {
     for (const LeakFinding& f : r.leak_suspects)
       out += "  " + f.site + ": +" + format_bytes(static_cast<std::uint64_t>(f.bytes_per_step)) +
              " per step over " + std::to_string(f.periods) + " steps (" +
-             format_bytes(static_cast<std::uint64_t>(f.surviving_bytes)) + " kept)\n";
+             format_bytes(static_cast<std::uint64_t>(f.surviving_bytes)) + " kept" +
+             (f.graph_bytes > 0 ? ", " + format_bytes(static_cast<std::uint64_t>(f.graph_bytes)) +
+                                      " of it saved for a backward pass that never used it"
+                                : std::string()) +
+             ")\n";
   }
   if (!r.tracked)
     out += "(enable tracking, gmem.enable_tracking() or gmem_tracking_enable(), to see who holds "
@@ -192,7 +196,8 @@ std::string to_json(const OomReport& r) {
   j.key("leak_suspects").begin_array();
   for (const LeakFinding& f : r.leak_suspects)
     j.begin_object().field("site", f.site).field("bytes_per_step", f.bytes_per_step)
-        .field("surviving_bytes", f.surviving_bytes).field("steps", f.periods).end_object();
+        .field("surviving_bytes", f.surviving_bytes).field("steps", f.periods)
+        .field("graph_bytes", f.graph_bytes).end_object();
   j.end_array();
   j.key("advice").begin_array();
   for (const std::string& line : r.advice) j.value(line);

@@ -89,6 +89,7 @@ class Tracker::Impl {
       std::uint64_t tick;
       ScopeId scope;
       FramesId frames;
+      bool saved;
     };
     std::lock_guard detector_lock(detector_mutex_);
     std::vector<Tracked> live;
@@ -96,7 +97,8 @@ class Tracker::Impl {
     {
       std::lock_guard lock(engine_.mutex_);
       for_each_tracked([&](std::uintptr_t key, const detail::Record& r) {
-        live.push_back({key, r.tag.id, r.size, r.tag.tick, r.tag.scope, r.tag.frames});
+        live.push_back({key, r.tag.id, r.size, r.tag.tick, r.tag.scope, r.tag.frames,
+                        (r.tag.flags & detail::kSavedForBackward) != 0});
       });
       log_.step();
       tick = log_.tick_;
@@ -104,12 +106,16 @@ class Tracker::Impl {
     // The leak detector samples only at boundaries: it learns now of the frees of blocks it was
     // told about (those not live any more under the same id) and of the blocks allocated since
     // the last boundary that are still live.
-    std::unordered_map<std::uintptr_t, std::uint64_t> still_fed;
+    std::unordered_map<std::uintptr_t, const Tracked*> still_fed;
     for (const Tracked& t : live)
-      if (t.id <= fed_watermark_) still_fed.emplace(t.addr, t.id);
+      if (t.id <= fed_watermark_) still_fed.emplace(t.addr, &t);
     for (auto it = fed_.begin(); it != fed_.end();) {
       const auto live_it = still_fed.find(it->first);
-      if (live_it != still_fed.end() && live_it->second == it->second) {
+      if (live_it != still_fed.end() && live_it->second->id == it->second.id) {
+        if (live_it->second->saved != it->second.saved) {  // saved, or used by a backward, since
+          it->second.saved = live_it->second->saved;
+          leaks_.on_saved(it->first, it->second.saved);
+        }
         ++it;
         continue;
       }
@@ -127,9 +133,10 @@ class Tracker::Impl {
       if (it == sites.end())
         it = sites.emplace(key, std::pair{site_of(t.scope, t.frames), frames::to_text(t.frames)})
                  .first;
-      fed_[t.addr] = t.id;
+      fed_[t.addr] = Fed{t.id, t.saved};
       leaks_.on_alloc(t.addr, t.size, it->second.first, clock.wall_ns(t.tick) / 1000,
                       it->second.second);
+      if (t.saved) leaks_.on_saved(t.addr, true);
     }
     fed_watermark_ = newest;
     leaks_.on_step(clock.wall_ns(tick) / 1000);
@@ -216,7 +223,11 @@ class Tracker::Impl {
   // --- under detector_mutex_ (taken before the engine's when both are needed) ---
   mutable std::mutex detector_mutex_;
   LeakDetector leaks_;
-  std::unordered_map<std::uintptr_t, std::uint64_t> fed_;  // what leaks_ holds: address -> id
+  struct Fed {
+    std::uint64_t id;
+    bool saved;  // as leaks_ was last told
+  };
+  std::unordered_map<std::uintptr_t, Fed> fed_;  // what leaks_ holds, by address
   std::uint64_t fed_watermark_ = 0;  // ids up to this were looked at by the last step
 };
 
@@ -230,6 +241,21 @@ void Tracker::annotate(std::string_view text) {
   std::string note(text);
   std::lock_guard lock(impl_->engine_.mutex_);
   impl_->log_.note(EventKind::annotation, std::move(note), 0, 0, 0);
+}
+
+bool Tracker::mark_saved(std::uintptr_t addr, bool saved) {
+  std::lock_guard lock(impl_->engine_.mutex_);
+  if (!impl_->attached_) return false;
+  detail::Record* record = impl_->engine_.live_.find(addr);
+  if (record == nullptr || record->tag.id == 0) return false;
+  if (saved) record->tag.flags |= detail::kSavedForBackward;
+  else record->tag.flags &= ~detail::kSavedForBackward;
+  return true;
+}
+
+void Tracker::note_backward() {
+  std::lock_guard lock(impl_->detector_mutex_);
+  impl_->leaks_.on_backward();
 }
 
 Engine& Tracker::engine() const noexcept { return impl_->owner_; }

@@ -22,8 +22,11 @@ namespace gmem::detail {
 
 // Who allocated a live block and when, kept in the engine's record of the block: id (1, 2, ...
 // per tracker; 0: allocated while no tracker was attached), tick (ticks(), sampled: kTickEvery),
-// step, scope and frames.
+// step, scope and frames, and flags (kSavedForBackward).
 using AllocTag = BlockTag;
+// PyTorch saved the block's tensor for a backward pass that has not run yet (graph tracking,
+// Tracker::mark_saved).
+inline constexpr std::uint32_t kSavedForBackward = 1;
 static_assert(sizeof(ScopeId) == sizeof(BlockTag::scope) && sizeof(FramesId) == sizeof(BlockTag::frames));
 
 struct RawEvent {
@@ -75,6 +78,7 @@ class TrackingLog final : public EngineObserver {
     tag.step = step_;
     tag.scope = thread.scope;
     tag.frames = trace != 0 ? trace : thread.frames;
+    tag.flags = 0;
     ring_.push(RawEvent{tag.tick, addr, size, stream, tag.id, step_, tag.scope, tag.frames,
                         EventKind::alloc});
   }

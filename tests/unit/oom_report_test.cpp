@@ -155,6 +155,39 @@ TEST(OomCause, LeakBeatsFragmentation) {
   EXPECT_TRUE(mentions({clean.advice.front()}, "persistent buffers"));
 }
 
+// The same loop with graph tracking: the kept memory was saved for a backward that never ran.
+TEST(OomCause, GraphKeptAliveNamesTheFixForInferenceAndForAKeptLoss) {
+  const OomInfo i = info(64 * MiB, 3 * GiB, 0, 0, 3 * GiB, 3 * GiB - 93 * MiB);
+  LeakFinding inference = leak_at("infer.py:12:run", 22 * MiB, 66);
+  inference.graph_bytes = inference.surviving_bytes - 66 * MiB;  // the outputs themselves are not saved
+  const OomReport r = build_oom_report(i, {}, {inference}, true, 66);
+  EXPECT_EQ(r.cause, "graph kept alive");
+  EXPECT_NE(r.explanation.find("no backward pass has run"), std::string::npos) << r.explanation;
+  EXPECT_NE(r.explanation.find("infer.py:12:run keeps +22.00 MiB a step"), std::string::npos);
+  ASSERT_FALSE(r.advice.empty());
+  EXPECT_EQ(r.advice[0].rfind("Run inference under torch.no_grad()", 0), 0u) << r.advice[0];
+  EXPECT_NE(to_text(r).find("saved for a backward pass that never used it"), std::string::npos);
+  EXPECT_NE(to_json(r).find("\"graph_bytes\""), std::string::npos);
+
+  LeakFinding loss = inference;
+  loss.site = "train.py:80:validate";
+  loss.backward_runs = true;
+  const OomReport kept = build_oom_report(i, {}, {loss}, true, 66);
+  EXPECT_EQ(kept.cause, "graph kept alive");
+  EXPECT_NE(kept.explanation.find("backward passes run, but not for these"), std::string::npos);
+  EXPECT_EQ(kept.advice[0].rfind("Keep loss.item() or tensor.detach()", 0), 0u) << kept.advice[0];
+
+  // A plain cache growing as fast (no saved tensors) stays a leak, with the cache's advice.
+  const OomReport cache = build_oom_report(i, {}, {leak_at("cache.py:5:remember", 22 * MiB, 66)}, true, 66);
+  EXPECT_EQ(cache.cause, "leak");
+  // Where a graph and a bigger plain leak grow together, the larger share decides.
+  LeakFinding small_graph = leak_at("infer.py:12:run", 2 * MiB, 66);
+  small_graph.graph_bytes = small_graph.surviving_bytes;
+  const OomReport mixed = build_oom_report(i, {}, {leak_at("cache.py:5:remember", 20 * MiB, 66), small_graph}, true, 66);
+  EXPECT_EQ(mixed.cause, "leak");
+  EXPECT_TRUE(mentions(mixed.advice, "torch.no_grad()"));
+}
+
 TEST(OomCause, LeakHoldingTheShortfallIsBlamed) {
   // 8 GiB limit, 7.5 live, 1 asked: 0.5 short; the leak keeps 0.6 GiB (8% of live) > shortfall.
   const OomReport r = build_oom_report(info(GiB, 8 * GiB, 0, 0, 8 * GiB, 7 * GiB + GiB / 2), {},

@@ -437,6 +437,68 @@ TEST_F(TrackerTest, FindsMemoryThatGrowsEveryStep) {
   engine.free(state);
 }
 
+// Graph tracking: activations saved for a backward that never runs, kept by the outputs a loop
+// keeps (inference without no_grad), against a cache of plain tensors and a training loop whose
+// backward uses what it saved.
+TEST_F(TrackerTest, SavedForABackwardThatNeverRunsIsAGraphKeptAlive) {
+  Tracker tracker(engine);
+  std::vector<void*> kept;
+  for (int step = 0; step < 10; ++step) {
+    frames::set_current("infer.py:12:forward");
+    void* activation = engine.malloc(4 * kMiB, 0);  // saved by the next layer
+    EXPECT_TRUE(tracker.mark_saved(addr_of(activation), true));
+    void* output = engine.malloc(kMiB, 0);           // the kept output holds the graph
+    kept.push_back(activation);
+    kept.push_back(output);
+    frames::set_current("cache.py:5:remember");      // a plain tensor cache: never saved
+    kept.push_back(engine.malloc(2 * kMiB, 0));
+    tracker.step();
+  }
+  frames::set_current("");
+  const std::vector<LeakFinding> leaks = tracker.leak_suspects();
+  ASSERT_EQ(leaks.size(), 2u);
+  const LeakFinding& graph = leaks[0].site == "infer.py:12:forward" ? leaks[0] : leaks[1];
+  const LeakFinding& cache = &graph == &leaks[0] ? leaks[1] : leaks[0];
+  EXPECT_EQ(graph.site, "infer.py:12:forward");
+  EXPECT_EQ(cache.site, "cache.py:5:remember");
+  EXPECT_GT(graph.graph_bytes, graph.surviving_bytes / 2);  // 4 of every 5 MiB kept
+  EXPECT_EQ(cache.graph_bytes, 0);
+  EXPECT_FALSE(graph.backward_runs);
+  EXPECT_FALSE(tracker.mark_saved(addr_of(kept[0]) + 512, true)) << "an interior address";
+  EXPECT_FALSE(tracker.mark_saved(0x1234, true)) << "not gmem's";
+  // Backward uses (unpacks) what was saved: the flags go, and so does the graph.
+  tracker.note_backward();
+  for (std::size_t i = 0; i < kept.size(); i += 3) EXPECT_TRUE(tracker.mark_saved(addr_of(kept[i]), false));
+  tracker.step();
+  for (const LeakFinding& f : tracker.leak_suspects()) {
+    EXPECT_EQ(f.graph_bytes, 0) << f.site;
+    EXPECT_TRUE(f.backward_runs);
+  }
+  for (void* p : kept) engine.free(p);
+}
+
+TEST_F(TrackerTest, SavedBlocksThatBackwardFreesAreNoLeak) {
+  // A training loop: activations saved, backward frees them; only the loss is kept each step.
+  Tracker tracker(engine);
+  std::vector<void*> losses;
+  for (int step = 0; step < 10; ++step) {
+    frames::set_current("train.py:20:forward");
+    void* activation = engine.malloc(8 * kMiB, 0);
+    EXPECT_TRUE(tracker.mark_saved(addr_of(activation), true));
+    frames::set_current("train.py:30:loss");
+    losses.push_back(engine.malloc(512, 0));
+    tracker.note_backward();
+    engine.free(activation);  // backward is done with it
+    tracker.step();
+  }
+  frames::set_current("");
+  const std::vector<LeakFinding> leaks = tracker.leak_suspects();
+  ASSERT_EQ(leaks.size(), 1u);
+  EXPECT_EQ(leaks[0].site, "train.py:30:loss");
+  EXPECT_EQ(leaks[0].graph_bytes, 0);
+  for (void* p : losses) engine.free(p);
+}
+
 TEST_F(TrackerTest, BlockReusedAtTheSameAddressIsANewAllocation) {
   // The leak detector learns of frees at steps only: a block freed and another allocated at the
   // same address within one step must not be taken for a survivor.
