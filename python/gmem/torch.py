@@ -303,7 +303,12 @@ def watch(obj, name="model", stacks=False, graphs=True):
 
         gmem.torch.watch(optimizer)   # a step at each optimizer.step() (a step post-hook)
         gmem.torch.watch(model)       # module tracking (track_modules), and a step at each
-                                      # forward of the top module after the first one
+                                      # forward of the top module
+
+    Watching also marks a step when it begins (watch(optimizer)) or at the first forward
+    (watch(model)): what was allocated before (the model's weights) is then told apart from
+    what the first step allocates, so that running out of memory in the very first step is
+    reported as a batch too large, or a model too large, rather than as unknown live memory.
 
     graphs=True (the default) also tracks autograd graphs (track_graphs()), so that a graph kept
     alive (inference without no_grad, losses.append(loss)) is reported as such.
@@ -313,29 +318,27 @@ def watch(obj, name="model", stacks=False, graphs=True):
     a model called several times a step (gradient accumulation) counts a step per call, which
     leak detection takes in its stride (a leak is judged at the rhythm it grows). Returns a
     handle whose remove() takes the hooks off. Tracking must be on (gmem.enable_tracking())."""
-    extra = [track_graphs()] if graphs else []
-    if hasattr(obj, "register_step_post_hook"):  # a torch.optim.Optimizer
-        return Watch([obj.register_step_post_hook(lambda optimizer, args, kwargs: observe.step())]
-                     + extra)
-    if hasattr(obj, "named_modules") and hasattr(obj, "register_forward_pre_hook"):  # an nn.Module
-        state = {"calls": 0}
+    is_optimizer = hasattr(obj, "register_step_post_hook")
+    if not is_optimizer and not (hasattr(obj, "named_modules") and
+                                 hasattr(obj, "register_forward_pre_hook")):
+        raise TypeError("gmem.torch.watch() takes a torch.optim.Optimizer (it has "
+                        "register_step_post_hook) or a torch.nn.Module, not %s"
+                        % type(obj).__name__)
+    handles = [track_graphs()] if graphs else []
+    if is_optimizer:
+        handles.append(obj.register_step_post_hook(lambda optimizer, args, kwargs: observe.step()))
+        observe.step()  # the loop begins: what exists now (the model) is step 0's
+        return Watch(handles)
 
-        def mark_step(module, args):
-            # The first forward begins step 0; each later one ends the step before it.
-            if state["calls"]:
-                observe.step()
-            state["calls"] += 1
+    def mark_step(module, args):
+        # Each forward begins a step; the first one ends step 0, the model's own memory.
+        observe.step()
 
-        # Registered before track_modules' hooks, so that the step ends before the module's scope
-        # is entered.
-        handles = [obj.register_forward_pre_hook(mark_step)]
-        tracking = track_modules(obj, name=name, stacks=stacks)
-        handles.append(tracking)
-        return Watch(handles + extra)
-    for handle in extra:
-        handle.remove()
-    raise TypeError("gmem.torch.watch() takes a torch.optim.Optimizer (it has "
-                    "register_step_post_hook) or a torch.nn.Module, not %s" % type(obj).__name__)
+    # Registered before track_modules' hooks, so that the step ends before the module's scope is
+    # entered.
+    handles.append(obj.register_forward_pre_hook(mark_step))
+    handles.append(track_modules(obj, name=name, stacks=stacks))
+    return Watch(handles)
 
 
 def _reset_for_tests():

@@ -10,8 +10,46 @@ from support import run_python
 PRELUDE = r"""
 import sys
 sys.path.insert(0, "tests/python")
+import types
 import gmem, gmem.torch
 from test_observe import FakeModule, FakeTensor, Handle
+
+class SavedTensorsHooks:
+    # torch.autograd.graph.saved_tensors_hooks: the innermost pair packs what autograd saves.
+    stack = []
+    def __init__(self, pack, unpack):
+        self.pack, self.unpack = pack, unpack
+    def __enter__(self):
+        SavedTensorsHooks.stack.append(self)
+        return self
+    def __exit__(self, *exc):
+        SavedTensorsHooks.stack.remove(self)
+
+sys.modules["torch"] = types.SimpleNamespace(
+    autograd=types.SimpleNamespace(graph=types.SimpleNamespace(saved_tensors_hooks=SavedTensorsHooks)))
+
+class Storage:
+    def __init__(self, ptr):
+        self.ptr = ptr
+    def data_ptr(self):
+        return self.ptr
+
+class CudaTensor:
+    # A tensor on device 0 whose storage is a block gmem allocated.
+    def __init__(self, ptr):
+        self.ptr = ptr
+    def get_device(self):
+        return 0
+    def untyped_storage(self):
+        return Storage(self.ptr)
+
+def autograd_saves(tensor):
+    # What autograd does when an operation saves a tensor for backward, under the hooks.
+    return SavedTensorsHooks.stack[-1].pack(tensor) if SavedTensorsHooks.stack else tensor
+
+def autograd_unpacks(packed):
+    # ... and when backward uses it.
+    return SavedTensorsHooks.stack[-1].unpack(packed) if SavedTensorsHooks.stack else packed
 
 class FakeOptimizer:
     # torch.optim.Optimizer's step post-hooks: fn(optimizer, args, kwargs) after each step().
@@ -37,18 +75,18 @@ for i in range(10):
     gmem.free(activations)
     optimizer.step()
 found = gmem.leaks()
-assert found.steps == 10, found.steps
+assert found.steps == 11, found.steps           # watch() marks the start, then each step()
 assert found.cause == "leak", found.cause
 assert len(found) == 1 and found[0]["site"] == "train.py:40:train", found.as_dicts()
 assert found.as_dicts()[0]["bytes_per_step"] == 1 << 20, found.as_dicts()
 text = str(found)
-assert text.startswith("Leaks in device 0: 10 step boundaries, from gmem.step() markers"), text
+assert text.startswith("Leaks in device 0: 11 step boundaries, from gmem.step() markers"), text
 assert "cause: leak: train.py:40:train keeps +1.00 MiB a step" in text, text
 assert "torch.no_grad()" in text.split("What to do:")[1].splitlines()[1], text
 assert "train.py:40:train" in repr(found), repr(found)
 watching.remove()
 optimizer.step()
-assert gmem.leaks().steps == 10      # no hook any more
+assert gmem.leaks().steps == 11      # no hook any more
 print("ok")
 """
 
@@ -62,7 +100,7 @@ for i in range(10):
     gmem.free(activations)
     optimizer.step()
 found = gmem.leaks()
-assert found.steps == 10 and not found and found.as_dicts() == [], found.as_dicts()
+assert found.steps == 11 and not found and found.as_dicts() == [], found.as_dicts()
 assert found.cause == "none", found.cause
 assert "No leaks found" in str(found), str(found)
 print("ok")
@@ -78,7 +116,7 @@ watching = gmem.torch.watch(model)
 for i in range(10):
     model(FakeTensor(requires_grad=False))
 found = gmem.leaks()
-assert found.steps == 9, found.steps              # the first forward begins step 0
+assert found.steps == 10, found.steps             # each forward begins a step
 sites = [(f["site"], f["bytes_per_step"]) for f in found]
 assert sites == [("model.0", 4096), ("model", 2048)], sites
 scopes = {b["scope"] for s in gmem.snapshot()["segments"] for b in s["blocks"]
@@ -86,8 +124,64 @@ scopes = {b["scope"] for s in gmem.snapshot()["segments"] for b in s["blocks"]
 assert scopes == {"model", "model.0"}, scopes     # module tracking is on too
 watching.remove()
 model(FakeTensor(requires_grad=False))
-assert gmem.leaks().steps == 9
+assert gmem.leaks().steps == 10
 assert model.pre == [] and model.post == []
+print("ok")
+"""
+
+# Inference without no_grad keeping its outputs: the activations saved for a backward that never
+# runs are a graph kept alive; a plain cache growing beside it is not flagged as one.
+INFERENCE_GRAPH_CHILD = PRELUDE + r"""
+gmem.enable_tracking(stacks="thread")
+optimizer = FakeOptimizer()
+watching = gmem.torch.watch(optimizer)        # graphs=True by default
+assert len(SavedTensorsHooks.stack) == 1
+outputs, cache = [], []
+for i in range(12):
+    gmem.set_frames([("infer.py", 21, "forward")])
+    activation = CudaTensor(gmem.malloc(6 << 20))
+    saved = autograd_saves(activation)        # the next layer saves its input
+    outputs.append((gmem.malloc(1 << 20), saved))
+    gmem.set_frames([("cache.py", 5, "remember")])
+    cache.append(gmem.malloc(1 << 20))        # a cache of plain tensors, kept on purpose
+    optimizer.step()
+found = gmem.leaks()
+assert found.cause == "graph kept alive", str(found)
+by_site = {f["site"]: f for f in found}
+assert by_site["infer.py:21:forward"]["graph_bytes"] > 0, found.as_dicts()
+assert by_site["cache.py:5:remember"]["graph_bytes"] == 0, found.as_dicts()
+assert not by_site["infer.py:21:forward"]["backward_runs"]
+text = str(found)
+assert "cause: graph kept alive: tensors saved for a backward pass that never used them" in text, text
+first_advice = text.split("What to do:")[1].splitlines()[1]
+assert "Run inference under torch.no_grad()" in first_advice, first_advice
+assert "no backward pass has run" in text, text
+watching.remove()
+assert SavedTensorsHooks.stack == []
+print("ok")
+"""
+
+# A training loop whose backward uses what forward saved, and a validation loss kept with its
+# graph (losses.append(loss) without no_grad): the advice is .item()/.detach().
+KEPT_LOSS_CHILD = PRELUDE + r"""
+gmem.enable_tracking(stacks="thread")
+optimizer = FakeOptimizer()
+gmem.torch.watch(optimizer)
+val_losses = []
+for i in range(12):
+    gmem.set_frames([("train.py", 30, "forward")])
+    activation = CudaTensor(gmem.malloc(8 << 20))
+    packed = autograd_unpacks(autograd_saves(activation))   # forward saves it, backward uses it
+    gmem.free(activation.ptr)
+    gmem.set_frames([("train.py", 52, "validate")])
+    val_activation = CudaTensor(gmem.malloc(4 << 20))
+    val_losses.append((autograd_saves(val_activation), gmem.malloc(512)))  # loss kept, graph too
+    optimizer.step()
+found = gmem.leaks()
+assert found.cause == "graph kept alive", str(found)
+assert found[0]["site"] == "train.py:52:validate" and found[0]["backward_runs"], found.as_dicts()
+first_advice = str(found).split("What to do:")[1].splitlines()[1]
+assert "Keep loss.item() or tensor.detach()" in first_advice, first_advice
 print("ok")
 """
 
@@ -121,6 +215,12 @@ class LiveLeaksTest(unittest.TestCase):
 
     def test_watch_model_tracks_modules_and_marks_a_step_per_forward(self):
         self.check(MODEL_CHILD)
+
+    def test_inference_keeping_outputs_is_a_graph_kept_alive_and_a_cache_is_not(self):
+        self.check(INFERENCE_GRAPH_CHILD)
+
+    def test_a_kept_validation_loss_is_a_graph_kept_alive_with_item_advice(self):
+        self.check(KEPT_LOSS_CHILD)
 
     def test_without_tracking_and_with_the_wrong_object(self):
         self.check(UNTRACKED_CHILD)

@@ -152,7 +152,81 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
             self.assertIn("tensor.cpu()", r["error"])
 
 
+class DiagnosticsOnGpuTest(unittest.TestCase):
+    """examples/oom_causes.py: the four classic ways to run out of memory, each run to its OOM on
+    the GPU (all four at once, each under its own few-GiB limit); the report must name the cause
+    and put the fix for it first. Graph tracking under torch.compile."""
+
+    def test_each_classic_oom_is_reported_with_its_cause(self):
+        import subprocess
+        from support import child_env
+
+        expected = {"inference_leak": ("graph kept alive", "torch.no_grad()"),
+                    "kept_loss": ("graph kept alive", "loss.item()"),
+                    "batch_too_large": ("batch too large", "smaller batch"),
+                    "fragmentation": ("fragmentation", "persistent buffers")}
+        script = os.path.join(os.path.dirname(HERE), "..", "examples", "oom_causes.py")
+        children = {case: subprocess.Popen(
+            [sys.executable, script, case, "--json"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, universal_newlines=True, env=child_env(GMEM_DEVICE=None))
+            for case in expected}
+        for case, child in children.items():
+            out, err = child.communicate(timeout=300)
+            self.assertEqual(child.returncode, 0, "%s:\n%s\n%s" % (case, out[-2000:], err[-4000:]))
+            report = json.loads(out.strip().splitlines()[-1])
+            cause, fix = expected[case]
+            print("\n%s: cause: %s: %s\n  first advice: %s" % (
+                case, report["cause"], report["explanation"], report["advice"][0]))
+            self.assertEqual(report["cause"], cause, report["explanation"])
+            self.assertIn(fix, report["advice"][0])
+
+    def test_graph_tracking_under_torch_compile(self):
+        r = run_worker("graphs_compile", "gmem", timeout=600)
+        self.assertEqual(r["losses_with"], r["losses_without"], "the hooks change nothing")
+        self.assertEqual(r["findings"], [], "a clean compiled training loop has no leak")
+        self.assertEqual(r["cause"], "graph kept alive", "kept compiled outputs are found")
+
+
 # --- the worker -------------------------------------------------------------------------------
+
+
+def worker_graphs_compile(torch, result):
+    # A compiled model trained with graph tracking on: same losses as without, no findings; then
+    # compiled inference without no_grad keeping its outputs: a graph kept alive.
+    import gmem
+
+    gmem.enable_tracking()
+
+    def train(graphs):
+        deterministic(torch)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                    torch.nn.Linear(2048, 512)).cuda()
+        compiled = torch.compile(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        watching = gmem.torch.watch(optimizer, graphs=graphs)
+        x = torch.randn(256, 512, device="cuda")
+        losses = []
+        for _ in range(8):
+            loss = compiled(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return model, compiled, watching, losses
+
+    _, _, watching, result["losses_without"] = train(False)
+    watching.remove()
+    model, compiled, watching, result["losses_with"] = train(True)
+    result["findings"] = gmem.leaks().as_dicts()
+    outputs = []
+    for _ in range(10):
+        outputs.append(compiled(torch.randn(256, 512, device="cuda")))
+        gmem.step()
+    found = gmem.leaks()
+    result["cause"] = found.cause
+    result["findings_after"] = found.as_dicts()
+    watching.remove()
+
 
 
 def deterministic(torch):
@@ -594,7 +668,7 @@ def worker(mode, allocator):
     workers = {"train": worker_train, "storages": worker_storages, "oom": worker_oom,
                "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
                "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
-               "sites": worker_sites}
+               "sites": worker_sites, "graphs_compile": worker_graphs_compile}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()
