@@ -181,7 +181,9 @@ Diagnosis diagnose(const CauseEvidence& e) {
       d.cause = Cause::batch_too_large;
       d.evidence = needs + ", more than " + where + "; this step's allocations hold " +
                    bytes(e.step_bytes) + ", more than the " + bytes(shortfall) +
-                   " short, and no leak grows across the " + std::to_string(e.steps) + " steps";
+                   " short, and " +
+                   (e.steps == 1 ? std::string("this is the first step: nothing can have leaked yet")
+                                 : "no leak grows across the " + std::to_string(e.steps) + " steps");
       d.advice.push_back(kSmallerBatch);
     } else {
       d.cause = Cause::model_too_large;
