@@ -185,6 +185,9 @@ class DiagnosticsOnGpuTest(unittest.TestCase):
         self.assertEqual(r["losses_with"], r["losses_without"], "the hooks change nothing")
         self.assertEqual(r["findings"], [], "a clean compiled training loop has no leak")
         self.assertEqual(r["cause"], "graph kept alive", "kept compiled outputs are found")
+        self.assertEqual(r["cache_cause"], "leak", "a growing cache of detached tensors is a leak")
+        self.assertTrue(r["cache_graph_bytes"] and not any(r["cache_graph_bytes"]),
+                        "... and holds no graph")
 
 
 # --- the worker -------------------------------------------------------------------------------
@@ -225,6 +228,15 @@ def worker_graphs_compile(torch, result):
     found = gmem.leaks()
     result["cause"] = found.cause
     result["findings_after"] = found.as_dicts()
+    # A cache of detached outputs, kept on purpose: it grows, but holds no graph.
+    del outputs[:]
+    cache = []
+    for _ in range(12):
+        cache.append(model(torch.randn(256, 512, device="cuda")).detach())
+        gmem.step()
+    found = gmem.leaks()
+    result["cache_cause"] = found.cause
+    result["cache_graph_bytes"] = [f["graph_bytes"] for f in found]
     watching.remove()
 
 
