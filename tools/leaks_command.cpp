@@ -1,4 +1,4 @@
-// gmem leaks [--json] [--check] FILE...: sites whose surviving memory grows step after step.
+// gmem leaks [--json] [--check] FILE... (or - for stdin): sites whose surviving memory grows step after step.
 #include <cstdio>
 
 #include "args.hpp"
@@ -39,13 +39,13 @@ int leaks_command(const Args& args) {
     if (parse_read_limit(args, i, limits)) continue;
     if (arg == "--json") json = true;
     else if (arg == "--check") check = true;
-    else if (arg.starts_with("-")) throw UsageError("unknown option " + arg + " (see gmem help leaks)");
-    else files.push_back(arg);
+    else if (arg.starts_with("-") && arg != "-") throw UsageError("unknown option " + arg + " (see gmem help leaks)");
+    else add_trace_argument(files, arg);
   }
-  if (files.empty()) throw UsageError("no trace given (usage: gmem leaks [--json] FILE...)");
+  if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help leaks)");
   bool found = false;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const LeakReport report = find_leaks(trace::read_trace(files[i], limits));
+    const LeakReport report = find_leaks(read_trace_argument(files[i], limits));
     found = found || !report.leaks.empty();
     if (!json && i > 0) std::fputs("\n", stdout);
     std::fputs((json ? leaks_json(report) : format_leaks(report)).c_str(), stdout);
