@@ -9,12 +9,14 @@
 namespace gmem::cli {
 
 const char kLeaksUsage[] =
-    "usage: gmem leaks [--json] [--check] [--max-... N] FILE...\n"
+    "usage: gmem leaks [--json] [--check]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
-    "Finds leaks in allocation traces (PyTorch trace CSV, snapshot pickle, RMM log): allocations\n"
-    "that survive step boundaries, grouped by site (the Python line as file:line:function, else the\n"
-    "library frame, else gmem's scope as \"scope NAME\", else <backward>), reported when the bytes a\n"
-    "site keeps alive grow step after step. Steps are the file's markers where it has them (gmem's\n"
+    "Finds leaks in allocation traces (PyTorch trace CSV, snapshot pickle, RMM log; - reads one\n"
+    "from standard input, its format found from its content): allocations that survive step\n"
+    "boundaries, grouped by site (the Python line as file:line:function, else the library frame,\n"
+    "else gmem's scope as \"scope NAME\", else <backward>), reported when the bytes a site keeps\n"
+    "alive grow step after step. Steps are the file's markers where it has them (gmem's\n"
     "snapshots carry gmem.step(); a PyTorch snapshot's most frequent annotation); otherwise they are\n"
     "inferred from the deep minima of live memory, or from the most frequent allocation when memory\n"
     "never falls back, and the report says which. Optimizer state created once and caches that stop\n"

@@ -23,7 +23,8 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] [--lag US] [--max-... N] FILE...\n"
+    "usage: gmem replay [--json] [--capacity BYTES] [--lag US]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
     "as ratios to the trace's peak allocated memory: the memory PyTorch's allocator reserved\n"

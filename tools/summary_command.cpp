@@ -13,10 +13,12 @@
 namespace gmem::cli {
 
 const char kSummaryUsage[] =
-    "usage: gmem summary [--at end|peak] [--top N] [--json] [--ranks] [--max-... N] FILE...\n"
+    "usage: gmem summary [--at end|peak] [--top N] [--json] [--ranks]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
-    "Replays an allocation trace (PyTorch trace CSV, snapshot pickle, RMM log) through gmem's engine\n"
-    "on a simulated device and prints the memory summary at the trace's end or just after its peak\n"
+    "Replays an allocation trace (PyTorch trace CSV, snapshot pickle, RMM log; - reads one from\n"
+    "standard input, its format found from its content) through gmem's engine on a simulated\n"
+    "device and prints the memory summary at the trace's end or just after its peak\n"
     "of allocated memory: PyTorch's memory_summary() table (allocated, active, requested, reserved,\n"
     "non-releasable; all / large / small pool; current, peak, total allocated, total freed), then\n"
     "where reserved-but-unallocated memory goes (free pages still mapped, chunks not mapped, partial\n"
