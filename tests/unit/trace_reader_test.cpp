@@ -212,6 +212,7 @@ TEST_F(TempFiles, NotATraceAndMissingFile) {
   expect_bad_input([&] { read_trace(empty); }, empty, 0, "empty");
   const std::string absent = (dir_ / "absent.csv").string();
   expect_bad_input([&] { read_trace(absent); }, absent, 0, "cannot open");
+  expect_bad_input([&] { read_trace(dir_.string()); }, dir_.string(), 0, "is a directory, not a trace");
 }
 
 // read_trace_stream: what `gmem replay -` reads standard input with. No file name, so the format
