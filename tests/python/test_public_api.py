@@ -1,4 +1,6 @@
-"""The package's public surface: `from gmem import *` gives every public function."""
+"""The package's public surface: `from gmem import *` gives every public function, and
+python/README.md documents every public function and class of every module, with its signature
+and a one-line description."""
 
 import importlib
 import inspect
@@ -68,6 +70,66 @@ class StarImportTest(unittest.TestCase):
                      "leaks", "Leaks", "top_sites", "track_modules", "memory_summary"):
             self.assertIn(name, names)
 
+
+class ReadmeTest(unittest.TestCase):
+    """Each public function and class appears in python/README.md as `prefix.name(signature)` (a
+    class without its own __init__: `prefix.Name`) in a table row with a description."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(REPO, "python", "README.md"), encoding="utf-8") as f:
+            cls.readme = f.read()
+        cls.rows = [line for line in cls.readme.splitlines() if line.startswith("| `")]
+
+    def row_for(self, text, is_class):
+        """The cells of the table row whose first cell names `text` (a class: `text` or
+        `text(...)`), or None."""
+        for row in self.rows:
+            cells = [c.strip() for c in row.strip().strip("|").split("|")]
+            if "`%s`" % text in cells[0] or (is_class and "`%s(" % text in cells[0]):
+                return cells
+        return None
+
+    def test_every_public_function_and_class_is_documented(self):
+        missing = []
+        for module_name, prefix in DOCUMENTED:
+            module = importlib.import_module(module_name)
+            for name, obj in defined_in(module).items():
+                if module_name == "gmem.errors" and not inspect.isclass(obj):
+                    continue
+                if module_name == "gmem.memory" and name in MEMORY_HELPERS:
+                    prefix_here = "gmem.memory."
+                else:
+                    prefix_here = prefix
+                is_class = inspect.isclass(obj)
+                text = prefix_here + name + ("" if is_class else signature(obj))
+                cells = self.row_for(text, is_class)
+                if cells is None:
+                    missing.append(text)
+                elif len(cells) < 2 or len(cells[1]) < 10:
+                    missing.append(text + " (no description)")
+        self.assertEqual(missing, [], "python/README.md lacks these (as `name(signature)` in a "
+                                      "table row with a description)")
+
+    def test_leaks_members_are_documented(self):
+        for member in ("as_dicts()", "as_dict()", ".cause", ".evidence", ".steps", ".text",
+                       ".findings"):
+            self.assertTrue(member in self.readme, "python/README.md does not mention Leaks' " + member)
+
+    def test_documented_names_exist(self):
+        # No row for a function that is gone: each `gmem.name...` a row's first cell names resolves.
+        for row in self.rows:
+            for dotted in re.findall(r"`(gmem(?:\.[A-Za-z_]+)*)", row.split("|")[1]):
+                parts = dotted.split(".")
+                for i in range(len(parts), 0, -1):
+                    try:
+                        obj = importlib.import_module(".".join(parts[:i]))
+                        break
+                    except ImportError:
+                        continue
+                for part in parts[i:]:
+                    self.assertTrue(hasattr(obj, part), "python/README.md documents %s" % dotted)
+                    obj = getattr(obj, part)
 
 if __name__ == "__main__":
     unittest.main()
