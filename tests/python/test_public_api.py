@@ -71,6 +71,14 @@ class StarImportTest(unittest.TestCase):
             self.assertIn(name, names)
 
 
+class VersionTest(unittest.TestCase):
+    def test_version_is_the_cmake_projects(self):
+        # The one `gmem --version` prints (tests/CMakeLists.txt checks that side).
+        with open(os.path.join(REPO, "CMakeLists.txt"), encoding="utf-8") as f:
+            version = re.search(r"project\(gmem VERSION ([0-9.]+)", f.read()).group(1)
+        self.assertEqual(gmem.__version__, version)
+
+
 class ReadmeTest(unittest.TestCase):
     """Each public function and class appears in python/README.md as `prefix.name(signature)` (a
     class without its own __init__: `prefix.Name`) in a table row with a description."""
