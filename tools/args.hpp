@@ -1,9 +1,11 @@
 // Helpers for parsing command line arguments, shared by the gmem subcommands.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -85,13 +87,41 @@ inline bool parse_read_limit(const std::vector<std::string>& args, std::size_t& 
   return true;
 }
 
+// What standard input is called in messages and reports, for the FILE argument "-".
+inline constexpr const char kStdinName[] = "<stdin>";
+
+// A FILE argument of a command that reads traces: a path, or "-" for standard input (once: it
+// holds one trace).
+inline void add_trace_argument(std::vector<std::string>& files, const std::string& arg) {
+  if (arg == "-" && std::find(files.begin(), files.end(), arg) != files.end())
+    throw UsageError("- (standard input) given twice: it holds one trace");
+  files.push_back(arg);
+}
+
+// Reads the trace a FILE argument names; "-" reads standard input to its end, named "<stdin>" in
+// errors, its format found from its content, within the same `limits` as a file.
+inline trace::Trace read_trace_argument(const std::string& file, const trace::ReadLimits& limits) {
+  if (file == "-") return trace::read_trace_stream(stdin, kStdinName, limits);
+  return trace::read_trace(file, limits);
+}
+
 }  // namespace gmem::cli
+
+// The end of the synopsis of every command that reads traces (its usage's first line names the
+// command and its own options): the options parse_read_limit takes, then the files. Macros so
+// that they join each command's usage string literal; lines indented under "gmem".
+#define GMEM_CLI_USAGE_INDENT "       "
+#define GMEM_CLI_READ_LIMITS_SYNOPSIS                                                          \
+  "\n" GMEM_CLI_USAGE_INDENT "[--max-bytes BYTES] [--max-line BYTES] [--max-fields N] [--max-events N]" \
+  "\n" GMEM_CLI_USAGE_INDENT "[--max-frames N] [--max-memo-refs N] [--max-objects N]"               \
+  "\n" GMEM_CLI_USAGE_INDENT "FILE...   (a FILE of - reads the trace from standard input)\n"
 
 // The usage text of the options parse_read_limit takes; defaults as in trace::ReadLimits.
 // A macro so that it joins each command's usage string literal.
 #define GMEM_CLI_READ_LIMITS_USAGE                                                                \
   "\n"                                                                                            \
-  "Bounds on reading a trace (a file over one stops with \"FILE: exceeds ... (set with OPTION)\"):\n" \
+  "Bounds on reading a trace (a file over one stops with \"FILE: exceeds ... (set with OPTION)\";\n" \
+  "standard input, -, is read within the same bounds and named <stdin>):\n"                     \
   "  --max-bytes BYTES  file size, and content once gunzipped (default 1G)\n"                    \
   "  --max-line BYTES   bytes in one CSV line (default 1M)\n"                                     \
   "  --max-fields N     fields in one CSV line (default 1024)\n"                                  \

@@ -1,4 +1,4 @@
-// gmem leaks [--json] [--check] FILE...: sites whose surviving memory grows step after step.
+// gmem leaks [--json] [--check] FILE... (or - for stdin): sites whose surviving memory grows step after step.
 #include <cstdio>
 
 #include "args.hpp"
@@ -9,12 +9,14 @@
 namespace gmem::cli {
 
 const char kLeaksUsage[] =
-    "usage: gmem leaks [--json] [--check] [--max-... N] FILE...\n"
+    "usage: gmem leaks [--json] [--check]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
-    "Finds leaks in allocation traces (PyTorch trace CSV, snapshot pickle, RMM log): allocations\n"
-    "that survive step boundaries, grouped by site (the Python line as file:line:function, else the\n"
-    "library frame, else gmem's scope as \"scope NAME\", else <backward>), reported when the bytes a\n"
-    "site keeps alive grow step after step. Steps are the file's markers where it has them (gmem's\n"
+    "Finds leaks in allocation traces (PyTorch trace CSV, snapshot pickle, RMM log; - reads one\n"
+    "from standard input, its format found from its content): allocations that survive step\n"
+    "boundaries, grouped by site (the Python line as file:line:function, else the library frame,\n"
+    "else gmem's scope as \"scope NAME\", else <backward>), reported when the bytes a site keeps\n"
+    "alive grow step after step. Steps are the file's markers where it has them (gmem's\n"
     "snapshots carry gmem.step(); a PyTorch snapshot's most frequent annotation); otherwise they are\n"
     "inferred from the deep minima of live memory, or from the most frequent allocation when memory\n"
     "never falls back, and the report says which. Optimizer state created once and caches that stop\n"
@@ -39,13 +41,13 @@ int leaks_command(const Args& args) {
     if (parse_read_limit(args, i, limits)) continue;
     if (arg == "--json") json = true;
     else if (arg == "--check") check = true;
-    else if (arg.starts_with("-")) throw UsageError("unknown option " + arg + " (see gmem help leaks)");
-    else files.push_back(arg);
+    else if (arg.starts_with("-") && arg != "-") throw UsageError("unknown option " + arg + " (see gmem help leaks)");
+    else add_trace_argument(files, arg);
   }
-  if (files.empty()) throw UsageError("no trace given (usage: gmem leaks [--json] FILE...)");
+  if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help leaks)");
   bool found = false;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const LeakReport report = find_leaks(trace::read_trace(files[i], limits));
+    const LeakReport report = find_leaks(read_trace_argument(files[i], limits));
     found = found || !report.leaks.empty();
     if (!json && i > 0) std::fputs("\n", stdout);
     std::fputs((json ? leaks_json(report) : format_leaks(report)).c_str(), stdout);

@@ -22,6 +22,8 @@ void print_help(std::FILE* out) {
   std::fprintf(out, "  %-10s %s\n", "help", "show this help, or a command's: gmem help <command>");
   std::fprintf(out, "  %-10s %s\n", "--version", "print gmem's version");
   for (const Command& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fputs("\nThe commands read traces: FILE..., where a FILE of - reads standard input.\n"
+             "gmem help <command> lists a command's options.\n", out);
 }
 
 bool wants_help(const gmem::cli::Args& args) {

@@ -23,7 +23,8 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] [--lag US] [--max-... N] FILE...\n"
+    "usage: gmem replay [--json] [--capacity BYTES] [--lag US]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
     "as ratios to the trace's peak allocated memory: the memory PyTorch's allocator reserved\n"
@@ -44,7 +45,8 @@ const char kReplayUsage[] =
     "Where no steps are found it is the whole second half's time in ms, marked \"(half)\".\n"
     "\n"
     "FILE: a PyTorch trace CSV (.csv or .csv.gz), a snapshot pickle from\n"
-    "torch.cuda.memory._dump_snapshot(), or an RMM log.\n"
+    "torch.cuda.memory._dump_snapshot(), or an RMM log; - reads one from standard input (the\n"
+    "format found from the content, as for a file).\n"
     "\n"
     "  --capacity BYTES  the simulated device's memory (default 80G; e.g. 16G, 512M)\n"
     "  --lag US          how far the GPU runs behind the host, in microseconds (default 2000:\n"
@@ -173,17 +175,17 @@ int replay_command(const Args& args) {
     } else if (a.starts_with("-") && a != "-") {
       throw UsageError("replay: unknown option " + a + " (see gmem help replay)");
     } else {
-      files.push_back(a);
+      add_trace_argument(files, a);
     }
   }
-  if (files.empty()) throw UsageError("replay: no trace given (usage: gmem replay [--json] [--capacity BYTES] [--lag US] FILE...)");
+  if (files.empty()) throw UsageError("replay: no trace given: FILE..., or - for standard input (see gmem help replay)");
 
   Table table({"trace", "events", "peak allocated", "PyTorch reserved", "gmem reserved",
                "min capacity", "creates/maps/unmaps", "ns/op", "device ms/step"},
               {false, true, true, true, true, true, true, true, true});
   int status = 0;
   for (const std::string& file : files) {
-    const trace::Trace t = trace::read_trace(file, limits);
+    const trace::Trace t = read_trace_argument(file, limits);
     options.step_ends = step_ends(t);
     const trace::ReplayResult r = trace::replay(t, options);
     const std::uint64_t min_cap = trace::min_capacity(t, options.lag_us);

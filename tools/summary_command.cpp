@@ -1,4 +1,4 @@
-// gmem summary [--at end|peak] [--json] [--ranks] FILE...: the memory summary of a trace replayed
+// gmem summary [--at end|peak] [--json] [--ranks] FILE... (or - for stdin): the memory summary of a trace replayed
 // through gmem; with --ranks, one row per rank's trace, compared.
 #include <algorithm>
 #include <cstdio>
@@ -13,10 +13,12 @@
 namespace gmem::cli {
 
 const char kSummaryUsage[] =
-    "usage: gmem summary [--at end|peak] [--top N] [--json] [--ranks] [--max-... N] FILE...\n"
+    "usage: gmem summary [--at end|peak] [--top N] [--json] [--ranks]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
-    "Replays an allocation trace (PyTorch trace CSV, snapshot pickle, RMM log) through gmem's engine\n"
-    "on a simulated device and prints the memory summary at the trace's end or just after its peak\n"
+    "Replays an allocation trace (PyTorch trace CSV, snapshot pickle, RMM log; - reads one from\n"
+    "standard input, its format found from its content) through gmem's engine on a simulated\n"
+    "device and prints the memory summary at the trace's end or just after its peak\n"
     "of allocated memory: PyTorch's memory_summary() table (allocated, active, requested, reserved,\n"
     "non-releasable; all / large / small pool; current, peak, total allocated, total freed), then\n"
     "where reserved-but-unallocated memory goes (free pages still mapped, chunks not mapped, partial\n"
@@ -117,22 +119,22 @@ int summary_command(const Args& args) {
       if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || n.size() > 6)
         throw UsageError("--top takes a count, not '" + n + "'");
       top = std::stoul(n);
-    } else if (arg.starts_with("-")) {
+    } else if (arg.starts_with("-") && arg != "-") {
       throw UsageError("unknown option " + arg + " (see gmem help summary)");
     } else {
-      files.push_back(arg);
+      add_trace_argument(files, arg);
     }
   }
-  if (files.empty()) throw UsageError("no trace given (usage: gmem summary [--at end|peak] [--json] FILE...)");
+  if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help summary)");
   if (ranks) {
     std::vector<TraceSummary> summaries;
     for (const std::string& file : files)
-      summaries.push_back(summarize_trace(trace::read_trace(file, limits), at, top));
+      summaries.push_back(summarize_trace(read_trace_argument(file, limits), at, top));
     print_ranks(summaries, json);
     return 0;
   }
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const TraceSummary s = summarize_trace(trace::read_trace(files[i], limits), at, top);
+    const TraceSummary s = summarize_trace(read_trace_argument(files[i], limits), at, top);
     if (json) {
       // summary_json's object, with the trace and the point first.
       std::string body = summary_json(s.stats, s.top, s.options());

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,6 +76,13 @@ Trace read_trace(const std::string& path, const ReadLimits& limits = {});
 // Reads a whole file, gunzipping when it is gzip, up to limits.max_bytes. Throws BadInputError
 // (truncated gzip, I/O, too large).
 std::string read_file_maybe_gzip(const std::string& path, const ReadLimits& limits = {});
+
+// read_trace on an open stream, read to its end: standard input for `gmem replay -`. There is no
+// file name, so the format is detected from the content alone (gzip magic, pickle protocol, CSV
+// header); `name` (e.g. "<stdin>") names it in errors and in Trace::path. Reading stops with
+// BadInputError once the stream passes limits.max_bytes, so an endless stream costs bounded
+// memory; the stream is not closed.
+Trace read_trace_stream(std::FILE* stream, const std::string& name, const ReadLimits& limits = {});
 
 // read_trace on a file's bytes already in memory (gzip or not); `path` names it in errors.
 Trace read_trace_bytes(std::string_view bytes, const std::string& path, const ReadLimits& limits = {});

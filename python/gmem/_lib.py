@@ -18,6 +18,13 @@ _REPO = os.path.dirname(os.path.dirname(_HERE))  # python/gmem -> repository roo
 _uintptr = ctypes.c_size_t  # uintptr_t: same width as size_t on every platform gmem supports
 _status = ctypes.c_int
 
+# ctypes wraps an int that does not fit its C type (2**64 + 4096 becomes 4096 as a size_t, 2**32
+# becomes device 0 as an int) instead of refusing it: arguments are checked against these first.
+SIZE_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1
+UINTPTR_MAX = (1 << (8 * ctypes.sizeof(_uintptr))) - 1
+INT_MIN = -(1 << (8 * ctypes.sizeof(ctypes.c_int) - 1))
+INT_MAX = (1 << (8 * ctypes.sizeof(ctypes.c_int) - 1)) - 1
+
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "gmem_last_error": (ctypes.c_char_p, []),

@@ -1,6 +1,7 @@
 """Statistics, limits and raw allocations, named like torch.cuda's memory functions.
 
-`device` is a CUDA ordinal, a torch.device, or None for the current device.
+`device` is what torch.cuda's memory functions take: None (the current device), an int ordinal,
+a string "cuda" or "cuda:N", or a torch.device (any object with .index).
 """
 
 import collections
@@ -8,25 +9,41 @@ import ctypes
 import numbers
 
 from . import _lib
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, InvalidPointerError
 
 
 def device_index(device):
-    """The C API's device argument: -1 (current) for None, else the ordinal. Takes what torch
-    takes: an int, a torch.device, or a string such as "cuda:0" ("cuda": the current device)."""
+    """The C API's device argument: -1 (the current device) for None, else the ordinal. Takes what
+    torch takes: an int, a string "cuda" (the current device) or "cuda:N", or an object with
+    .index such as torch.device("cuda", 0) (index None: the current device; its .type, where it
+    has one, must be "cuda"). A bad string, a device of another type or an ordinal no C int holds
+    raises InvalidArgumentError (a ValueError) naming it; an argument of another kind, TypeError."""
     if device is None:
         return -1
     if isinstance(device, str):
-        kind, _, ordinal = device.partition(":")
-        if kind != "cuda" or (ordinal and not ordinal.isdigit()):
-            raise InvalidArgumentError("device %r: expected 'cuda' or 'cuda:N'" % device)
-        return int(ordinal) if ordinal else -1
-    index = getattr(device, "index", device)  # torch.device has .index (None = current)
-    if index is None:
-        return -1
-    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
-        raise TypeError("device must be an int, a torch.device or None, not %r" % (device,))
-    return int(index)
+        kind, colon, ordinal = device.partition(":")
+        if kind != "cuda" or (colon and not (ordinal.isascii() and ordinal.isdigit())):
+            raise InvalidArgumentError("device %r: expected 'cuda' or 'cuda:N' (N a GPU's ordinal)"
+                                       % device)
+        index = int(ordinal) if colon else -1
+    elif isinstance(device, numbers.Integral) and not isinstance(device, bool):
+        index = int(device)
+    elif hasattr(device, "index"):  # torch.device, or anything shaped like one
+        kind = getattr(device, "type", "cuda")
+        if isinstance(kind, str) and kind != "cuda":
+            raise InvalidArgumentError("%r: expected a cuda device, not %s" % (device, kind))
+        index = device.index
+        if index is None:
+            return -1
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            raise TypeError("device %r: its index must be an int or None, not %r" % (device, index))
+        index = int(index)
+    else:
+        raise TypeError("device must be an int, a string such as 'cuda:0', a torch.device or None, "
+                        "not %r" % (device,))
+    if not _lib.INT_MIN <= index <= _lib.INT_MAX:  # ctypes would wrap it to another device
+        raise InvalidArgumentError("device %r: no GPU has ordinal %d" % (device, index))
+    return index
 
 
 def stream_handle(stream):
@@ -34,9 +51,21 @@ def stream_handle(stream):
     if stream is None:
         return 0
     handle = getattr(stream, "cuda_stream", stream)
-    if isinstance(handle, bool) or not isinstance(handle, numbers.Integral) or handle < 0:
+    if isinstance(handle, bool) or not isinstance(handle, numbers.Integral):
         raise TypeError("stream must be a non-negative int or a torch.cuda.Stream, not %r" % (stream,))
+    if not 0 <= handle <= _lib.UINTPTR_MAX:  # ctypes would wrap it to another stream
+        raise InvalidArgumentError("stream %r: a stream handle is an address, 0 to %d"
+                                   % (stream, _lib.UINTPTR_MAX))
     return int(handle)
+
+
+def _pointer_value(ptr, call):
+    """An address as an int for the C API; one no pointer can hold raises InvalidPointerError
+    rather than wrap around to another address."""
+    address = int(ptr)
+    if not 0 <= address <= _lib.UINTPTR_MAX:
+        raise InvalidPointerError("%s(%d): not an address (0 to %d)" % (call, address, _lib.UINTPTR_MAX))
+    return address
 
 
 # --- statistics ---------------------------------------------------------------------------
@@ -114,7 +143,7 @@ def set_memory_limit(limit, device=None):
     else:
         if limit < 0:
             raise InvalidArgumentError("memory limit must be >= 0 bytes, got %d" % limit)
-        if limit >= 1 << 64:  # ctypes would wrap it
+        if limit > _lib.SIZE_MAX:  # ctypes would wrap it
             raise InvalidArgumentError("memory limit of %d bytes: more than any device" % limit)
         _lib.check(lib.gmem_set_memory_limit(dev, int(limit)))
 
@@ -124,11 +153,15 @@ def set_memory_limit(limit, device=None):
 
 def malloc(size, stream=0, device=None):
     """Allocates `size` bytes of device memory on `stream`; returns the address as an int.
-    Raises gmem.OutOfMemoryError when it cannot be served."""
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
-        raise TypeError("size must be a non-negative int, not %r" % (size,))
-    if size >= 1 << 64:  # ctypes would wrap it to a small size
-        raise InvalidArgumentError("malloc(%d): larger than any device" % size)
+    Raises gmem.OutOfMemoryError when it cannot be served, InvalidArgumentError (a ValueError)
+    for a size below 1 or beyond what size_t holds, TypeError for a size that is not an int."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        raise TypeError("size must be an int (bytes), not %r" % (size,))
+    if size < 0:
+        raise InvalidArgumentError("malloc(%d): a size cannot be negative" % size)
+    if size > _lib.SIZE_MAX:  # ctypes would wrap it: 2**64 + 4096 would allocate 4 KiB
+        raise InvalidArgumentError("malloc(%d): larger than any device (size_t holds at most %d)"
+                                   % (size, _lib.SIZE_MAX))
     ptr = ctypes.c_void_p(None)
     status = _lib.lib().gmem_malloc(ctypes.byref(ptr), int(size), device_index(device),
                                     stream_handle(stream))
@@ -138,9 +171,10 @@ def malloc(size, stream=0, device=None):
 
 def free(ptr):
     """Frees an address from malloc (or from PyTorch under gmem.torch)."""
-    _lib.check(_lib.lib().gmem_free(ctypes.c_void_p(int(ptr))))
+    _lib.check(_lib.lib().gmem_free(ctypes.c_void_p(_pointer_value(ptr, "free"))))
 
 
 def record_stream(ptr, stream):
     """`ptr` is also used on `stream`: once freed, it is reused only after `stream` caught up."""
-    _lib.check(_lib.lib().gmem_record_stream(ctypes.c_void_p(int(ptr)), stream_handle(stream)))
+    _lib.check(_lib.lib().gmem_record_stream(ctypes.c_void_p(_pointer_value(ptr, "record_stream")),
+                                             stream_handle(stream)))

@@ -1,4 +1,4 @@
-// read_trace: loads a file (gunzipping when needed) and hands it to the reader for its format.
+// read_trace: loads a file or a stream (gunzipping when needed) and hands it to the reader for its format.
 #include <zlib.h>
 
 #include <algorithm>
@@ -29,6 +29,21 @@ bool is_gzip(std::string_view data) {
          static_cast<unsigned char>(data[1]) == 0x8b;
 }
 
+// All of an open stream (a file, standard input), refusing more than limits.max_bytes before
+// reading it all: reading stops at the limit, so an endless stream costs bounded memory.
+std::string read_stream(std::FILE* file, const std::string& path, const ReadLimits& limits) {
+  std::string data;
+  char buf[1 << 16];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) {
+    if (n > limits.max_bytes - std::min<std::uint64_t>(data.size(), limits.max_bytes))
+      detail::exceeds(path, 0, format_bytes(limits.max_bytes) + " of data", "--max-bytes");
+    data.append(buf, n);
+  }
+  if (std::ferror(file)) throw BadInputError(path, 0, std::string("read error: ") + std::strerror(errno));
+  return data;
+}
+
 // The whole file, refusing one larger than limits.max_bytes before reading it all.
 std::string read_raw(const std::string& path, const ReadLimits& limits) {
   std::error_code ignored;
@@ -36,16 +51,7 @@ std::string read_raw(const std::string& path, const ReadLimits& limits) {
     throw BadInputError(path, 0, "is a directory, not a trace");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) throw BadInputError(path, 0, std::string("cannot open: ") + std::strerror(errno));
-  std::string data;
-  char buf[1 << 16];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, file.get())) > 0) {
-    if (n > limits.max_bytes - std::min<std::uint64_t>(data.size(), limits.max_bytes))
-      detail::exceeds(path, 0, format_bytes(limits.max_bytes) + " of data", "--max-bytes");
-    data.append(buf, n);
-  }
-  if (std::ferror(file.get())) throw BadInputError(path, 0, "read error");
-  return data;
+  return read_stream(file.get(), path, limits);
 }
 
 // Inflates gzip data a piece at a time, so that a caller can look at the beginning (and give up
@@ -259,6 +265,10 @@ Trace read_trace_bytes(std::string_view bytes, const std::string& path, const Re
 
 Trace read_trace(const std::string& path, const ReadLimits& limits) {
   return read_trace_bytes(read_raw(path, limits), path, limits);
+}
+
+Trace read_trace_stream(std::FILE* stream, const std::string& name, const ReadLimits& limits) {
+  return read_trace_bytes(read_stream(stream, name, limits), name, limits);
 }
 
 }  // namespace gmem::trace

@@ -220,10 +220,105 @@ class LimitAndOomTest(GmemTestCase):
         with self.assertRaises(gmem.InvalidArgumentError):
             gmem.malloc(2**63)
 
+    def test_sizes_that_do_not_fit_size_t_or_are_negative(self):
+        # Refused before ctypes could wrap them (2**64 + 4096 would allocate 4 KiB, -4096 nearly
+        # 2**64), as a ValueError whose message gives the size asked for; nothing is allocated.
+        before = gmem.memory_stat("allocation.all.allocated")
+        for size in (2**64 + 4096, 2**64, 2**65 + 512, 2**128, -1, -4096, -(2**64) + 4096):
+            with self.assertRaises(gmem.InvalidArgumentError, msg=size) as caught:
+                gmem.malloc(size)
+            self.assertIsInstance(caught.exception, ValueError)
+            self.assertIn("malloc(%d)" % size, str(caught.exception))
+            self.assertIn("negative" if size < 0 else "larger than any device", str(caught.exception))
+        self.assertEqual(gmem.memory_stat("allocation.all.allocated"), before)
+
+    def test_pointers_and_streams_that_do_not_fit_are_refused(self):
+        ptr = self.malloc(4096)
+        for bad in (ptr + 2**64, ptr - 2**64, -1, 2**70):  # would wrap to ptr, or to an address
+            with self.assertRaises(gmem.InvalidPointerError, msg=bad) as caught:
+                gmem.free(bad)
+            self.assertIn("free(%d): not an address" % bad, str(caught.exception))
+            with self.assertRaises(gmem.InvalidPointerError, msg=bad):
+                gmem.record_stream(bad, 0)
+        for bad in (2**64, -1):  # 2**64 would wrap to the default stream
+            with self.assertRaises(gmem.InvalidArgumentError, msg=bad) as caught:
+                gmem.malloc(4096, stream=bad)
+            self.assertIn("stream %d" % bad, str(caught.exception))
+        self.free(ptr)  # still live: nothing above freed it
+
     def test_oom_under_the_device_capacity(self):
         with self.assertRaises(gmem.OutOfMemoryError) as caught:
             gmem.malloc(100 * GiB)  # more than the simulated 80 GiB device
         self.assertIn("100.00 GiB", str(caught.exception))
+
+
+class FakeDevice:
+    """Shaped like torch.device (type, index), without importing torch."""
+
+    def __init__(self, type, index=None):
+        self.type, self.index = type, index
+
+    def __repr__(self):
+        return "device(type=%r, index=%r)" % (self.type, self.index)
+
+
+class IndexOnly:
+    """Anything with an .index attribute is taken as a device."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+class DeviceArgumentTest(GmemTestCase):
+    """Every function taking a device takes what torch.cuda's take: None, an int, "cuda",
+    "cuda:N", a torch.device (anything with .index); a bad one is a ValueError naming it."""
+
+    # name -> a call taking the device.
+    CALLS = {
+        "memory_stats": lambda d: gmem.memory_stats(d),
+        "memory_stat": lambda d: gmem.memory_stat("allocated_bytes.all.current", d),
+        "memory_allocated": lambda d: gmem.memory_allocated(d),
+        "max_memory_allocated": lambda d: gmem.max_memory_allocated(d),
+        "memory_reserved": lambda d: gmem.memory_reserved(d),
+        "max_memory_reserved": lambda d: gmem.max_memory_reserved(d),
+        "memory_limit": lambda d: gmem.memory_limit(d),
+        "memory_summary": lambda d: gmem.memory_summary(d).splitlines()[0],
+        "reset_peak_memory_stats": lambda d: gmem.reset_peak_memory_stats(d),
+        "reset_accumulated_memory_stats": lambda d: gmem.reset_accumulated_memory_stats(d),
+        "empty_cache": lambda d: gmem.empty_cache(d),
+        "set_memory_limit": lambda d: gmem.set_memory_limit(0, d),
+        "is_tracking": lambda d: gmem.is_tracking(d),
+        "last_oom_report": lambda d: gmem.last_oom_report(d),
+        "top_sites": lambda d: gmem.top_sites(3, d),
+    }
+    GOOD = (None, 0, "cuda", "cuda:0", FakeDevice("cuda", 0), FakeDevice("cuda"), IndexOnly(0),
+            IndexOnly(None))
+    BAD = ("cpu", "cuda:x", "cuda:", "cuda:-1", "gpu:0", "0", "", " cuda:0", "cuda:0 ", "cuda:٣",
+           FakeDevice("cpu", 0), FakeDevice("meta"), 2**32, -(2**31) - 1, 2**64 + 0,
+           FakeDevice("cuda", 2**40))
+
+    def test_every_form_names_the_same_device(self):
+        ptr = self.malloc(3 * MiB)
+        for name, call in self.CALLS.items():
+            expected = call(None)
+            for device in self.GOOD:
+                self.assertEqual(call(device), expected, "%s(%r)" % (name, device))
+        self.assertGreaterEqual(gmem.memory_allocated(FakeDevice("cuda", 0)), 3 * MiB)
+        self.free(ptr)
+
+    def test_bad_devices_are_value_errors_naming_them(self):
+        for name, call in self.CALLS.items():
+            for device in self.BAD:
+                with self.assertRaises(gmem.InvalidArgumentError, msg="%s(%r)" % (name, device)) as caught:
+                    call(device)
+                self.assertIsInstance(caught.exception, ValueError)
+                self.assertIn(repr(device), str(caught.exception), name)
+
+    def test_devices_of_another_kind_are_type_errors(self):
+        for name, call in self.CALLS.items():
+            for device in (1.5, True, object(), b"cuda:0", IndexOnly("0"), IndexOnly(0.0)):
+                with self.assertRaises(TypeError, msg="%s(%r)" % (name, device)):
+                    call(device)
 
 
 class ErrorTest(GmemTestCase):
@@ -246,11 +341,11 @@ class ErrorTest(GmemTestCase):
             gmem.malloc(0)
 
     def test_bad_arguments_are_type_errors(self):
-        for bad in (-1, 1.5, "10", True):
+        for bad in (1.5, "10", True, None):
             with self.assertRaises(TypeError, msg=repr(bad)):
                 gmem.malloc(bad)
         with self.assertRaises(TypeError):
-            gmem.malloc(512, stream=-1)
+            gmem.malloc(512, stream=1.5)
 
     def test_free_none_is_a_no_op(self):
         gmem.free(0)

@@ -212,6 +212,59 @@ TEST_F(TempFiles, NotATraceAndMissingFile) {
   expect_bad_input([&] { read_trace(empty); }, empty, 0, "empty");
   const std::string absent = (dir_ / "absent.csv").string();
   expect_bad_input([&] { read_trace(absent); }, absent, 0, "cannot open");
+  expect_bad_input([&] { read_trace(dir_.string()); }, dir_.string(), 0, "is a directory, not a trace");
+}
+
+// read_trace_stream: what `gmem replay -` reads standard input with. No file name, so the format
+// comes from the content alone: gzip CSV, plain CSV and a snapshot pickle read as from the file.
+TEST_F(TempFiles, StreamReadsEveryFormatAsTheFile) {
+  const std::string plain = write("tiny_leak.csv", read_file_maybe_gzip(data_file("tiny_leak.trace.csv.gz")));
+  for (const std::string& path : {data_file("tiny_leak.trace.csv.gz"), plain,
+                                  data_file("tiny_leak.snapshot.pickle"),
+                                  data_file("leak_losses.trace.csv.gz")}) {
+    SCOPED_TRACE(path);
+    const Trace from_file = read_trace(path);
+    std::FILE* in = std::fopen(path.c_str(), "rb");
+    ASSERT_NE(in, nullptr);
+    const Trace from_stream = read_trace_stream(in, "<stdin>");
+    std::fclose(in);
+    EXPECT_EQ(from_stream.path, "<stdin>");
+    EXPECT_EQ(from_stream.name, "<stdin>");
+    ASSERT_EQ(from_stream.events.size(), from_file.events.size());
+    EXPECT_EQ(from_stream.frames, from_file.frames);
+    EXPECT_EQ(from_stream.steps_us, from_file.steps_us);
+    for (std::size_t i = 0; i < from_file.events.size(); ++i) {
+      EXPECT_EQ(from_stream.events[i].addr, from_file.events[i].addr);
+      EXPECT_EQ(from_stream.events[i].size, from_file.events[i].size);
+      EXPECT_EQ(from_stream.events[i].line, from_file.events[i].line);
+    }
+  }
+}
+
+// Errors name the stream and the line, as for a file.
+TEST_F(TempFiles, StreamErrorsNameTheStream) {
+  const std::string bad = write("bad.csv", std::string(kHeader) + "alloc,1,512,0,0,,\nmalloc,2,512,0,1,,\n");
+  std::FILE* in = std::fopen(bad.c_str(), "rb");
+  ASSERT_NE(in, nullptr);
+  expect_bad_input([&] { read_trace_stream(in, "<stdin>"); }, "<stdin>", 3, "unknown action 'malloc'");
+  std::fclose(in);
+  const std::string empty = write("empty.csv", "");
+  in = std::fopen(empty.c_str(), "rb");
+  ASSERT_NE(in, nullptr);
+  expect_bad_input([&] { read_trace_stream(in, "<stdin>"); }, "<stdin>", 0, "empty");
+  std::fclose(in);
+}
+
+// An endless stream (a hostile or runaway producer) stops at --max-bytes, in bounded memory,
+// rather than being read to its end.
+TEST(TraceReader, EndlessStreamStopsAtMaxBytes) {
+  std::FILE* in = ::popen("yes alloc,1,512,0,0,,", "r");
+  ASSERT_NE(in, nullptr);
+  ReadLimits limits;
+  limits.max_bytes = 1 << 20;
+  expect_bad_input([&] { read_trace_stream(in, "<stdin>", limits); }, "<stdin>", 0,
+                   "exceeds 1.00 MiB of data (set with --max-bytes)");
+  ::pclose(in);
 }
 
 }  // namespace
