@@ -20,11 +20,13 @@ calls gmem from C++, where no Python stack can be taken cheaply.
 import contextlib
 import ctypes
 import json
+import numbers
 import os
 import sys
 import threading
 
 from . import _lib
+from .errors import InvalidArgumentError
 from .memory import device_index
 
 _status = ctypes.c_int
@@ -79,6 +81,16 @@ def _c():
     return _api
 
 
+def _count(value, what):
+    """`value` as a size_t for C, or InvalidArgumentError: ctypes would wrap -1 or 2**64 + 16."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError("%s must be an int, not %r" % (what, value))
+    if value < 0 or value > _lib.SIZE_MAX:
+        raise InvalidArgumentError("%s must be between 0 and %d, not %d"
+                                        % (what, _lib.SIZE_MAX, value))
+    return int(value)
+
+
 def _bytes(text):
     return text.encode("utf-8") if text is not None else None
 
@@ -104,7 +116,8 @@ def enable_tracking(device=None, history=16384, backtrace=False, stacks="python"
     if stacks not in _STACKS:
         raise ValueError("stacks must be one of %s, not %r" % (", ".join(_STACKS), stacks))
     _skip_own_files()
-    _lib.check(_c().gmem_tracking_enable(device_index(device), int(history), _STACKS[stacks]))
+    _lib.check(_c().gmem_tracking_enable(device_index(device), _count(history, "history"),
+                                         _STACKS[stacks]))
 
 
 def disable_tracking(device=None):
@@ -284,7 +297,7 @@ class Leaks:
 def top_sites(n=10, device=None):
     """The `n` call sites holding the most live memory, most first, named as summaries and OOM
     reports name them: [{"site", "bytes", "count"}]; [] when `device` is not tracked."""
-    return json.loads(_lib.text(_c().gmem_top_sites_json, device_index(device), int(n)))
+    return json.loads(_lib.text(_c().gmem_top_sites_json, device_index(device), _count(n, "n")))
 
 
 def leaks(device=None):

@@ -52,6 +52,15 @@ class TrackingTest(ObserveTestCase):
         observe.enable_tracking()  # again: no change
         self.assertTrue(observe.is_tracking())
 
+    def test_counts_that_do_not_fit_size_t_are_refused(self):
+        for bad in (-1, 2**64 + 16):
+            with self.assertRaises(gmem.InvalidArgumentError):
+                gmem.enable_tracking(history=bad)
+            with self.assertRaises(gmem.InvalidArgumentError):
+                gmem.top_sites(bad)
+        with self.assertRaises(TypeError):
+            gmem.top_sites(2.5)
+
     def test_scopes_nest_and_record_the_stack(self):
         with observe.scope("train"):
             with observe.scope("forward"):
