@@ -85,7 +85,7 @@ typedef struct gmem_stat {
 
 /* An engine's statistics as numbers, PyTorch's DeviceStats field for field. Arrays are indexed
  * [0] all, [1] small pool (<= 1 MiB), [2] large pool. */
-typedef struct gmem_engine_stats {
+typedef struct gmem_engine_stats_s {
   gmem_stat_t allocation[3], segment[3], active[3], inactive_split[3];
   gmem_stat_t allocated_bytes[3], reserved_bytes[3], active_bytes[3], inactive_split_bytes[3],
       requested_bytes[3];
