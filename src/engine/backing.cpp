@@ -9,20 +9,12 @@
 // touches, each page keeps its chunk, and later steps make no device calls. Physical memory is
 // what counts: a chunk is created only when no free chunk can be mapped instead, so reserved
 // memory tracks the pages that live blocks touch.
+#include "engine/backing.hpp"
+
 #include <algorithm>
+#include <bit>
 
-#include "engine/engine_impl.hpp"
-
-namespace gmem {
-
-using detail::Arena;
-using detail::ChunkId;
-using detail::kNoChunk;
-using detail::kNoNode;
-using detail::NodeId;
-using detail::Page;
-using detail::PageId;
-using detail::page_id;
+namespace gmem::detail {
 
 namespace {
 // How far acquire_chunk had to go; the malloc's stats say so.
@@ -31,23 +23,71 @@ enum Stage : int { kFromCache = 0, kStitched = 1, kRetried = 2 };
 // the two kinds then keep to their own ends of the address space, and a big block's range stays
 // whole for its next use.
 constexpr std::size_t kTopDownBytes = std::size_t{16} << 20;
-std::size_t offset_in(const detail::RangeNode& fit, std::size_t bytes) {
+std::size_t offset_in(const RangeNode& fit, std::size_t bytes) {
   return bytes >= kTopDownBytes ? fit.size - bytes : 0;
 }
-// A page that has had to be remapped twice (its chunk was busy elsewhere when it was needed)
-// gets a new chunk rather than another free one, while reserved memory stays within a share of
-// the most pages ever used at once (1/kFirstClashShare, plus kClashPages). Without it, a layout whose
-// pages take turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35
-// pages a step). A program whose layout keeps changing (a random churn; a training loop whose
-// shapes take turns, each laying its blocks out differently) keeps clashing: each time the
-// clashes reach half the pages in use, the share doubles, up to 1/kMinClashShare. (At a quarter,
-// the warm-up of llama_ckpt_varlen alone doubled it three times: 1.023 instead of 1.013; at the
-// whole, alloc_bench's churn of 1000 blocks still stitched after 100k operations.)
-constexpr std::size_t kMinClashShare = 8;
-constexpr std::size_t kClashPages = 4;
+std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1) / to * to; }
 }  // namespace
 
-std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
+Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
+                 EngineObserver* const& observer, BackingClient& client)
+    : device_(device), streams_(streams), accounting_(accounting), observer_(observer),
+      client_(client), granularity_(device.granularity()) {
+  if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
+    throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
+                                            std::to_string(granularity_));
+  page_shift_ = std::countr_zero(granularity_);
+  device_total_ = device.mem_info().total;
+}
+
+Backing::~Backing() {
+  // Give everything back, live blocks included: the engine owns the memory it handed out.
+  for (const auto& arena : arenas_) {
+    const DevicePtr base = arena->ranges.base();
+    arena->pages.for_each_touched([&](std::size_t i, const Page& page) {
+      if (!page.mapped()) return;
+      try {
+        device_.unmap(base + (i << page_shift_), granularity_);
+      } catch (...) {  // nothing to report to from a destructor
+      }
+    });
+    try { device_.release_address(base, arena->ranges.size()); } catch (...) {}
+  }
+  for (ChunkId id = 0; id < chunks_.slots(); ++id) {
+    if (const ChunkHandle handle = chunks_.at(id).handle) {
+      try { device_.release_chunk(handle); } catch (...) {}
+    }
+  }
+}
+
+std::size_t Backing::checked_limit(std::size_t bytes, const char* what) const {
+  if (bytes == 0) return device_total_;
+  if (bytes > device_total_)
+    throw Error(Errc::invalid_argument, std::string(what) + " = " + format_bytes(bytes) +
+                                            ": more than the device's " + format_bytes(device_total_) +
+                                            " (0 means the whole device)");
+  if (bytes < granularity_)
+    throw Error(Errc::invalid_argument, std::string(what) + " = " + std::to_string(bytes) +
+                                            " bytes: less than one " + format_bytes(granularity_) +
+                                            " page, a limit that would allow nothing");
+  return bytes;
+}
+
+void Backing::set_arena_size(std::size_t address_space) {
+  // One device's worth of virtual space per arena: a stream rarely needs a second one, and a
+  // thousand streams stay within the GPU's address space (2^47 bytes and more).
+  arena_size_ = round_up(address_space ? address_space : device_total_, granularity_);
+}
+
+bool Backing::in_arenas(DevicePtr ptr) const {
+  for (const auto& arena : arenas_) {
+    const DevicePtr base = arena->ranges.base();
+    if (ptr >= base && ptr <= base + arena->ranges.size()) return true;
+  }
+  return false;
+}
+
+std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
   const std::size_t size =
       std::max(arena_size_, (min_bytes + granularity_ - 1) / granularity_ * granularity_);
   DevicePtr base = 0;
@@ -62,7 +102,7 @@ std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
     arenas_.reserve(arenas_.size() + 1);
     streams_.arenas(si).reserve(streams_.arenas(si).size() + 1);
     auto arena = std::make_unique<Arena>(base, size, size >> page_shift_, si);
-    slabs_.add_arena();
+    client_.arena_added();  // the slabs' classes for it
     arenas_.push_back(std::move(arena));
   } catch (...) {
     try { device_.release_address(base, size); } catch (...) {}
@@ -73,31 +113,31 @@ std::uint32_t Engine::Impl::add_arena(std::uint32_t si, std::size_t min_bytes) {
   return index;
 }
 
-std::pair<std::size_t, std::size_t> Engine::Impl::page_span(std::uint32_t arena, DevicePtr addr,
-                                                            std::size_t bytes) const {
+std::pair<std::size_t, std::size_t> Backing::page_span(std::uint32_t arena, DevicePtr addr,
+                                                       std::size_t bytes) const {
   const DevicePtr base = arenas_[arena]->ranges.base();
   return {(addr - base) >> page_shift_, (addr + bytes - 1 - base) >> page_shift_};
 }
 
 // --- placement ----------------------------------------------------------------------------------
 
-bool Engine::Impl::page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
+bool Backing::page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
   if (!page.aliased) return true;  // its chunk was last used here, by this arena's stream
   const std::uint32_t stream = arenas_[arena]->stream;
   const PageId self = page_id(arena, static_cast<std::uint32_t>(index));
-  const detail::Chunk& chunk = chunks_.at(page.chunk);
+  const Chunk& chunk = chunks_.at(page.chunk);
   for (std::uint32_t k = 0; k < chunk.maps; ++k) {
     const PageId other = chunk.pages[k];
     if (other == self) continue;
-    const Arena& a = *arenas_[detail::arena_of(other)];
-    const Page& p = a.pages.get(detail::index_of(other));
+    const Arena& a = *arenas_[arena_of(other)];
+    const Page& p = a.pages.get(index_of(other));
     if (p.refs > 0) return false;  // busy through another alias
     if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq)) return false;
   }
   return true;
 }
 
-Engine::Impl::Placement Engine::Impl::place(std::uint32_t si, std::size_t bytes) {
+Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
   // The best fit, at its end for the block's kind. The choice depends on the free ranges alone,
   // not on what is mapped where: a step that repeats its requests then repeats its layout, and
   // finds its pages mapped. (Preferring ranges that happen to be mapped moves the layout, and
@@ -111,10 +151,9 @@ Engine::Impl::Placement Engine::Impl::place(std::uint32_t si, std::size_t bytes)
   return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
 }
 
-std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std::size_t bytes,
-                                                          std::size_t requested) {
+Backing::Taken Backing::take_range(std::uint32_t si, std::size_t bytes, std::size_t requested) {
   const Placement place_at = place(si, bytes);
-  detail::RangeAllocator& ranges = arenas_[place_at.arena]->ranges;
+  RangeAllocator& ranges = arenas_[place_at.arena]->ranges;
   const NodeId node = ranges.take(place_at.node, bytes, place_at.offset);
   bool backed = false;
   try {
@@ -132,21 +171,21 @@ std::pair<std::uint32_t, NodeId> Engine::Impl::take_range(std::uint32_t si, std:
     }
     throw_oom(requested, streams_.progress.stream(si));
   }
-  return {place_at.arena, node};
+  return {place_at.arena, node, ranges.node(node).addr};
 }
 
-void Engine::Impl::release_range(std::uint32_t arena, NodeId node) {
-  detail::RangeAllocator& ranges = arenas_[arena]->ranges;
-  const detail::RangeNode& n = ranges.node(node);
+void Backing::release_range(std::uint32_t arena, NodeId node) {
+  RangeAllocator& ranges = arenas_[arena]->ranges;
+  const RangeNode& n = ranges.node(node);
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
   ranges.release(node);
 }
 
 // --- pages --------------------------------------------------------------------------------------
 
-void Engine::Impl::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes,
-                               std::uint64_t stamp) {
-  detail::PageTable& pages = arenas_[arena]->pages;
+void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes,
+                          std::uint64_t stamp) {
+  PageTable& pages = arenas_[arena]->pages;
   const auto [first, last] = page_span(arena, addr, bytes);
   for (std::size_t i = first; i <= last; ++i) {
     Page& p = pages.at(i);
@@ -160,8 +199,8 @@ void Engine::Impl::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t 
   }
 }
 
-bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
-  detail::PageTable& pages = arenas_[arena]->pages;
+bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
+  PageTable& pages = arenas_[arena]->pages;
   const auto [first, last] = page_span(arena, addr, bytes);
   bool ready = true;
   const std::uint32_t now = ++clock_;
@@ -177,9 +216,14 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
     ready &= p.mapped() && page_ready(arena, i, p);
   }
   if (ready) [[likely]] return true;  // the steady state: every page mapped, its chunk free
+  return map_missing(arena, addr, bytes);
+}
 
-  // Slow path: remap the pages whose chunk is busy elsewhere, map the missing ones, then set
-  // access run by run.
+// back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
+// elsewhere, map the missing ones, then set access run by run.
+[[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
+  PageTable& pages = arenas_[arena]->pages;
+  const auto [first, last] = page_span(arena, addr, bytes);
   const std::uint32_t stream = arenas_[arena]->stream;
   std::vector<std::size_t> mapped_now;
   int stage = kFromCache;
@@ -202,7 +246,7 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
         if (!streams_.progress.done(stream, p.free_seq)) {
           streams_.progress.catch_up(stream, true);
-          ++stats_.num_sync_all_streams;
+          ++accounting_.stats.num_sync_all_streams;
         }
         unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
       }
@@ -230,14 +274,14 @@ bool Engine::Impl::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t b
     rollback();
     throw;
   }
-  if (stage >= kStitched) ++stats_.num_stitches;
-  if (stage >= kRetried) ++stats_.num_alloc_retries;
+  if (stage >= kStitched) ++accounting_.stats.num_stitches;
+  if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
   return true;
 }
 
-void Engine::Impl::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
+void Backing::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
   const DevicePtr va = arenas_[arena]->ranges.base() + (index << page_shift_);
-  detail::Chunk& c = chunks_.at(chunk);
+  Chunk& c = chunks_.at(chunk);
   device_.map(va, granularity_, c.handle);
   const PageId id = page_id(arena, static_cast<std::uint32_t>(index));
   Page& p = arenas_[arena]->pages.at(index);
@@ -245,17 +289,17 @@ void Engine::Impl::map_page(std::uint32_t arena, std::size_t index, ChunkId chun
   chunks_.add_map(chunk, id);
   if (c.maps > 1)
     for (std::uint32_t k = 0; k < c.maps; ++k)
-      arenas_[detail::arena_of(c.pages[k])]->pages.at(detail::index_of(c.pages[k])).aliased = 1;
+      arenas_[arena_of(c.pages[k])]->pages.at(index_of(c.pages[k])).aliased = 1;
   if (p.refs == 0) {
     ++free_pages_;
     freed_pages_.add(id, p);
   }
-  ++stats_.num_maps;
+  ++accounting_.stats.num_maps;
 }
 
-void Engine::Impl::unmap_page(PageId id) {
-  Arena& a = *arenas_[detail::arena_of(id)];
-  const std::size_t index = detail::index_of(id);
+void Backing::unmap_page(PageId id) {
+  Arena& a = *arenas_[arena_of(id)];
+  const std::size_t index = index_of(id);
   const DevicePtr va = a.ranges.base() + (index << page_shift_);
   device_.unmap(va, granularity_);
   Page& p = a.pages.at(index);
@@ -264,28 +308,22 @@ void Engine::Impl::unmap_page(PageId id) {
   p.chunk = kNoChunk;
   p.aliased = 0;
   if (p.refs == 0) --free_pages_;
-  const detail::Chunk& c = chunks_.at(chunk);
+  const Chunk& c = chunks_.at(chunk);
   if (c.maps == 1)
-    arenas_[detail::arena_of(c.pages[0])]->pages.at(detail::index_of(c.pages[0])).aliased = 0;
+    arenas_[arena_of(c.pages[0])]->pages.at(index_of(c.pages[0])).aliased = 0;
   // The alias that kept the chunk busy may have been this one: list the chunk again, through a
   // page where it stays (its earlier entries may have been dropped while it was busy).
   if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.add(c.pages[0], page_at(c.pages[0]));
-  ++stats_.num_unmaps;
+  ++accounting_.stats.num_unmaps;
   if (observer_) observer_->on_unmap(va, granularity_);
 }
 
 // --- chunks -------------------------------------------------------------------------------------
 
-ChunkId Engine::Impl::acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before) {
+ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before) {
   if (chunks_.has_spare()) return chunks_.any_spare();
-  if (clashed_before) {
-    if (++clashes_ > peak_used_ / 2 && clash_share_ > kMinClashShare) {
-      clash_share_ = std::max(kMinClashShare, clash_share_ / 2);
-      clashes_ = 0;
-    }
-    if (chunks_.held() < peak_used_ + peak_used_ / clash_share_ + kClashPages)
-      if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
-  }
+  if (clashed_before && clash_rule_.allows_new_chunk(chunks_.held(), peak_used_))
+    if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
   if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {
     stage = std::max(stage, int{kStitched});
@@ -296,25 +334,24 @@ ChunkId Engine::Impl::acquire_chunk(std::uint32_t stream, int& stage, bool clash
   // and frees pending on other streams.
   stage = kRetried;
   if (const ChunkId c = steal_free_chunk(stream, true); c != kNoChunk) return c;
-  release_spare_slabs();
-  if (!pending_.empty()) process_pending(true);
+  client_.reclaim();
   if (chunks_.has_spare()) return chunks_.any_spare();
   return steal_free_chunk(stream, true);
 }
 
-bool Engine::Impl::chunk_busy(ChunkId chunk) const {
-  const detail::Chunk& c = chunks_.at(chunk);
+bool Backing::chunk_busy(ChunkId chunk) const {
+  const Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k)
-    if (arenas_[detail::arena_of(c.pages[k])]->pages.get(detail::index_of(c.pages[k])).refs > 0)
+    if (arenas_[arena_of(c.pages[k])]->pages.get(index_of(c.pages[k])).refs > 0)
       return true;
   return false;
 }
 
-bool Engine::Impl::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll) {
-  const detail::Chunk& c = chunks_.at(chunk);
+bool Backing::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll) {
+  const Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k) {
-    const Arena& a = *arenas_[detail::arena_of(c.pages[k])];
-    const Page& p = a.pages.get(detail::index_of(c.pages[k]));
+    const Arena& a = *arenas_[arena_of(c.pages[k])];
+    const Page& p = a.pages.get(index_of(c.pages[k]));
     if (p.refs > 0) return false;
     if (a.stream == stream || streams_.progress.done(a.stream, p.free_seq)) continue;
     if (!poll || !streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq))
@@ -323,7 +360,7 @@ bool Engine::Impl::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll
   return true;
 }
 
-ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
+ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
   // Which free chunk to take decides whether the layout settles: a chunk taken from a page that
   // is needed again while the thief still holds it must be stitched back (and the page it then
   // takes from, and so on). So take the one whose pages are due last: each page's next use is
@@ -340,8 +377,8 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
   std::size_t k = freed_pages_.begin();
   for (; k < freed_pages_.end() && weighed < kWeighed && (wait || examined < kExamined); ++k) {
     const PageId id = freed_pages_.at(k);
-    if (id == detail::kNoPage) continue;
-    const Arena& a = *arenas_[detail::arena_of(id)];
+    if (id == kNoPage) continue;
+    const Arena& a = *arenas_[arena_of(id)];
     Page& p = page_at(id);
     // Stale (used again, or unmapped since), or its chunk busy through another alias (which is
     // listed itself when freed): not worth another look.
@@ -352,7 +389,7 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
     ++examined;
     if (a.stream != stream && wait && !streams_.progress.done(a.stream, p.free_seq)) {
       streams_.progress.catch_up(a.stream, true);
-      ++stats_.num_sync_all_streams;
+      ++accounting_.stats.num_sync_all_streams;
     }
     if (!chunk_free_for(p.chunk, stream, true)) continue;
     ++weighed;
@@ -369,10 +406,10 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
     return kNoChunk;
   }
   const PageId id = freed_pages_.at(best);
-  const Arena& a = *arenas_[detail::arena_of(id)];
-  const Page& p = a.pages.get(detail::index_of(id));
+  const Arena& a = *arenas_[arena_of(id)];
+  const Page& p = a.pages.get(index_of(id));
   const ChunkId chunk = p.chunk;
-  if (chunks_.at(chunk).maps == detail::Chunk::kMaxMaps) {
+  if (chunks_.at(chunk).maps == Chunk::kMaxMaps) {
     // Enough aliases: this one (free, and done on its stream) makes room for the next.
     if (!streams_.progress.done(a.stream, p.free_seq) && !streams_.progress.catch_up(a.stream, true))
       return kNoChunk;
@@ -382,7 +419,7 @@ ChunkId Engine::Impl::steal_free_chunk(std::uint32_t stream, bool wait) {
   return chunk;
 }
 
-ChunkId Engine::Impl::create_chunk() {
+ChunkId Backing::create_chunk() {
   if ((chunks_.held() + 1) * granularity_ > limit_) {
     oom_reason_ = "limit";
     return kNoChunk;
@@ -402,32 +439,24 @@ ChunkId Engine::Impl::create_chunk() {
     try { device_.release_chunk(handle); } catch (...) {}
     throw;
   }
-  ++stats_.num_device_alloc;
-  for (int pool : {kAllPools, kLargePool}) {
-    stats_.reserved_bytes[pool].increase(static_cast<std::int64_t>(granularity_));
-    stats_.segment[pool].increase(1);
-  }
+  accounting_.count_chunk_created(granularity_);
   return id;
 }
 
-void Engine::Impl::release_chunk(ChunkId chunk) {
+void Backing::release_chunk(ChunkId chunk) {
   device_.release_chunk(chunks_.at(chunk).handle);
   chunks_.remove(chunk);
-  ++stats_.num_device_free;
-  for (int pool : {kAllPools, kLargePool}) {
-    stats_.reserved_bytes[pool].decrease(static_cast<std::int64_t>(granularity_));
-    stats_.segment[pool].decrease(1);
-  }
+  accounting_.count_chunk_released(granularity_);
 }
 
-bool Engine::Impl::unmap_chunk(ChunkId chunk, bool wait) {
-  detail::Chunk& c = chunks_.at(chunk);
+bool Backing::unmap_chunk(ChunkId chunk, bool wait) {
+  Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k) {
-    const Arena& a = *arenas_[detail::arena_of(c.pages[k])];
-    const Page& p = a.pages.get(detail::index_of(c.pages[k]));
+    const Arena& a = *arenas_[arena_of(c.pages[k])];
+    const Page& p = a.pages.get(index_of(c.pages[k]));
     if (p.refs > 0) return false;
     if (!streams_.progress.done(a.stream, p.free_seq)) {
-      if (wait) ++stats_.num_sync_all_streams;
+      if (wait) ++accounting_.stats.num_sync_all_streams;
       if (!streams_.progress.catch_up(a.stream, wait) && !streams_.progress.done(a.stream, p.free_seq)) return false;
     }
   }
@@ -437,24 +466,14 @@ bool Engine::Impl::unmap_chunk(ChunkId chunk, bool wait) {
 
 // --- reclaiming ---------------------------------------------------------------------------------
 
-void Engine::Impl::release_spare_slabs() {
-  for (detail::SlabId id : slabs_.take_spares()) {
-    const detail::Slab& slab = slabs_.slab(id);
-    const auto bytes = static_cast<std::int64_t>(slab.bytes());
-    release_range(slab.arena, slab.node);
-    slabs_.remove(id);
-    move_reserved_to_small(-bytes);
-  }
-}
-
-void Engine::Impl::trim_to(std::size_t bytes, bool wait) {
+void Backing::trim_to(std::size_t bytes, bool wait) {
   while (chunks_.held() * granularity_ > bytes && chunks_.has_spare())
     release_chunk(chunks_.any_spare());
   // Oldest frees first: the likeliest to be done on their streams.
   for (std::size_t k = freed_pages_.begin();
        k < freed_pages_.end() && chunks_.held() * granularity_ > bytes; ++k) {
     const PageId id = freed_pages_.at(k);
-    if (id == detail::kNoPage) continue;
+    if (id == kNoPage) continue;
     Page& p = page_at(id);
     if (p.refs > 0 || !p.mapped()) {
       freed_pages_.drop(k, p);
@@ -467,25 +486,7 @@ void Engine::Impl::trim_to(std::size_t bytes, bool wait) {
   freed_pages_.sweep();
 }
 
-void Engine::Impl::empty_cache() {
-  std::lock_guard lock(mutex_);
-  if (!pending_.empty()) process_pending(true);
-  release_spare_slabs();
-  trim_to(0, true);
-}
-
-void Engine::Impl::set_memory_limit(std::size_t bytes) {
-  const std::size_t limit = checked_limit(bytes, "memory limit");
-  std::lock_guard lock(mutex_);
-  limit_ = limit;
-  stats_.memory_limit = static_cast<std::int64_t>(limit_);
-  if (chunks_.held() * granularity_ > limit_) {
-    release_spare_slabs();
-    trim_to(limit_, true);
-  }
-}
-
-void Engine::Impl::throw_oom(std::size_t requested, StreamId stream) {
+void Backing::throw_oom(std::size_t requested, StreamId stream) {
   OomInfo info;
   info.requested = requested;
   info.stream = stream;
@@ -496,18 +497,18 @@ void Engine::Impl::throw_oom(std::size_t requested, StreamId stream) {
   } catch (...) {  // the report goes on without it
   }
   info.reserved = chunks_.held() * granularity_;
-  info.allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
+  info.allocated = static_cast<std::size_t>(accounting_.stats.allocated_bytes[kAllPools].current);
   info.largest_free_range = largest_free_range();
   info.reclaimable = (chunks_.held() - used_pages_) * granularity_;
   info.reason = oom_reason_;
-  ++stats_.num_ooms;
+  ++accounting_.stats.num_ooms;
   if (observer_) observer_->on_oom(info);
   throw OutOfMemoryError(std::move(info));
 }
 
 // --- reading ------------------------------------------------------------------------------------
 
-std::vector<std::pair<DevicePtr, DevicePtr>> Engine::Impl::mapped_ranges() const {
+std::vector<std::pair<DevicePtr, DevicePtr>> Backing::mapped_ranges() const {
   std::vector<std::pair<DevicePtr, DevicePtr>> out;
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
@@ -521,14 +522,14 @@ std::vector<std::pair<DevicePtr, DevicePtr>> Engine::Impl::mapped_ranges() const
   return out;
 }
 
-std::size_t Engine::Impl::largest_free_range() const {
+std::size_t Backing::largest_free_range() const {
   // The largest free range whose pages are all mapped and ready for its stream.
   std::size_t best = 0;
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const detail::RangeAllocator& ranges = arenas_[a]->ranges;
-    const detail::PageTable& pages = arenas_[a]->pages;
+    const RangeAllocator& ranges = arenas_[a]->ranges;
+    const PageTable& pages = arenas_[a]->pages;
     for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
-      const detail::RangeNode& n = ranges.node(id);
+      const RangeNode& n = ranges.node(id);
       if (!n.free) continue;
       std::size_t run = 0;
       for (DevicePtr pos = n.addr, end = n.addr + n.size; pos < end;) {
@@ -546,4 +547,4 @@ std::size_t Engine::Impl::largest_free_range() const {
   return best;
 }
 
-}  // namespace gmem
+}  // namespace gmem::detail

@@ -1,6 +1,7 @@
-// The engine's hot paths (malloc, free) and its public face. Slow paths live in backing.cpp.
-#include <algorithm>
-#include <bit>
+// The engine's fast paths and its public face. A malloc: the stream's index (the last one is
+// cached), a slab pop or a range from Backing (a best fit whose pages are all mapped and free),
+// a record. A free: the record, the slot or the range back. Everything slower (mapping,
+// stitching, waiting for streams, reclaiming) is out of line, in backing.cpp.
 #include <string>
 
 #include "engine/engine_impl.hpp"
@@ -22,51 +23,18 @@ std::string hex(DevicePtr ptr) {
 }  // namespace
 
 Engine::Impl::Impl(Device& device, EngineOptions options)
-    : device_(device), options_(options), granularity_(device.granularity()), streams_(device) {
-  if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
-    throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
-                                            std::to_string(granularity_));
-  page_shift_ = std::countr_zero(granularity_);
-  device_total_ = device.mem_info().total;
-  limit_ = checked_limit(options.memory_limit, "EngineOptions::memory_limit");
-  // One device's worth of virtual space per arena: a stream rarely needs a second one, and a
-  // thousand streams stay within the GPU's address space (2^47 bytes and more).
-  arena_size_ = round_up(options.address_space ? options.address_space : device_total_,
-                         granularity_);
-  stats_.granularity = static_cast<std::int64_t>(granularity_);
-  stats_.memory_limit = static_cast<std::int64_t>(limit_);
-}
-
-Engine::Impl::~Impl() {
-  // Give everything back, live blocks included: the engine owns the memory it handed out.
-  for (detail::PendingFree& p : pending_)
-    for (EventHandle e : p.events) {
-      try { device_.destroy_event(e); } catch (...) {}
-    }
-  for (const auto& arena : arenas_) {
-    const DevicePtr base = arena->ranges.base();
-    arena->pages.for_each_touched([&](std::size_t i, const detail::Page& page) {
-      if (!page.mapped()) return;
-      try {
-        device_.unmap(base + (i << page_shift_), granularity_);
-      } catch (...) {  // nothing to report to from a destructor
-      }
-    });
-    try { device_.release_address(base, arena->ranges.size()); } catch (...) {}
-  }
-  for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
-    if (const ChunkHandle handle = chunks_.at(id).handle) {
-      try { device_.release_chunk(handle); } catch (...) {}
-    }
-  }
+    : device_(device), streams_(device),
+      backing_(device, streams_, accounting_, observer_, *this),
+      cross_stream_(device) {
+  backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
+  backing_.set_arena_size(options.address_space);
+  accounting_.stats.granularity = static_cast<std::int64_t>(backing_.granularity());
+  accounting_.stats.memory_limit = static_cast<std::int64_t>(backing_.limit());
 }
 
 void Engine::Impl::attach(detail::EngineObserver* observer) {
   observer_ = observer;
-  const detail::ContextCapture capture = observer ? observer->context_capture() : detail::ContextCapture{};
-  capture_depth_.store(capture.depth, std::memory_order_relaxed);
-  capture_frees_.store(capture.on_free, std::memory_order_relaxed);
-  capture_.store(capture.capture, std::memory_order_release);
+  capture_.set(observer ? observer->context_capture() : detail::ContextCapture{});
 }
 
 void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
@@ -74,9 +42,9 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   if (size > kMaxRequest)
     throw Error(Errc::invalid_argument, "malloc(" + std::to_string(size) +
                                             "): larger than any device (a negative size cast?)");
-  const std::uint32_t context = gather_context(false);
+  const std::uint32_t context = capture_.gather(false);
   std::lock_guard lock(mutex_);
-  if (!pending_.empty()) [[unlikely]] process_pending(false);
+  if (!cross_stream_.empty()) [[unlikely]] process_pending(false);
   const std::uint32_t si = streams_.index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   Record record{rounded, size, stream, 0, 0, false, false, false, {}};
@@ -84,7 +52,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
                                                       : malloc_range(size, rounded, si, record);
   if (observer_) observer_->on_malloc(ptr, rounded, stream, context, record.tag);
   live_.insert(ptr, record);
-  count_malloc(record);
+  accounting_.count_malloc(record);
   return reinterpret_cast<void*>(ptr);
 }
 
@@ -102,11 +70,11 @@ DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::
   }
   if (ptr == 0) {  // a new slab
     const std::size_t bytes = detail::class_size(cls) * detail::slab_objects(cls);
-    const auto [a, node] = take_range(si, bytes, size);
-    arena = a;
-    slabs_.add(a, cls, arenas_[a]->ranges.node(node).addr, node);
-    move_reserved_to_small(static_cast<std::int64_t>(bytes));
-    ptr = slabs_.allocate(a, cls, slab);
+    const detail::Backing::Taken range = backing_.take_range(si, bytes, size);
+    arena = range.arena;
+    slabs_.add(arena, cls, range.addr, range.node);
+    accounting_.move_reserved_to_small(static_cast<std::int64_t>(bytes));
+    ptr = slabs_.allocate(arena, cls, slab);
   }
   record.arena = arena;
   record.id = slab;
@@ -116,174 +84,101 @@ DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::
 
 DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
                                      Record& record) {
-  const auto [arena, node] = take_range(si, rounded, size);
-  const DevicePtr ptr = arenas_[arena]->ranges.node(node).addr;
+  const detail::Backing::Taken range = backing_.take_range(si, rounded, size);
   const bool small = rounded <= kSmallLimit;
-  range_bytes_ += rounded;
-  if (small) {
-    small_range_bytes_ += rounded;
-    move_reserved_to_small(static_cast<std::int64_t>(rounded));
-  }
-  record.arena = arena;
-  record.id = node;
+  accounting_.count_range_taken(rounded, small);
+  record.arena = range.arena;
+  record.id = range.node;
   record.small = small;
-  return ptr;
-}
-
-void Engine::Impl::count_malloc(const Record& record) {
-  const auto r = static_cast<std::int64_t>(record.size);
-  const auto q = static_cast<std::int64_t>(record.requested);
-  const int own = record.small ? kSmallPool : kLargePool;
-  for (int pool : {static_cast<int>(kAllPools), own}) {
-    stats_.allocated_bytes[pool].increase(r);
-    stats_.active_bytes[pool].increase(r);
-    stats_.requested_bytes[pool].increase(q);
-    stats_.allocation[pool].increase(1);
-    stats_.active[pool].increase(1);
-  }
-}
-
-void Engine::Impl::move_reserved_to_small(std::int64_t bytes) {
-  // Reserved memory is chunks; the small pool's share is what its slabs and ranges cover. All
-  // pools' total does not change, but counts the move as the pools do (stats.hpp: .all's running
-  // totals are the pools' sums).
-  stats_.reserved_bytes[kAllPools].count_move(bytes > 0 ? bytes : -bytes);
-  if (bytes > 0) {
-    stats_.reserved_bytes[kSmallPool].increase(bytes);
-    stats_.reserved_bytes[kLargePool].decrease(bytes);
-    stats_.segment[kSmallPool].increase(1);
-    stats_.segment[kAllPools].increase(1);
-  } else {
-    stats_.reserved_bytes[kSmallPool].decrease(-bytes);
-    stats_.reserved_bytes[kLargePool].increase(-bytes);
-    stats_.segment[kSmallPool].decrease(1);
-    stats_.segment[kAllPools].decrease(1);
-  }
+  return range.addr;
 }
 
 void Engine::Impl::free(void* p) {
   const auto ptr = reinterpret_cast<DevicePtr>(p);
-  const std::uint32_t context = gather_context(true);
+  const std::uint32_t context = capture_.gather(true);
   std::lock_guard lock(mutex_);
   Record record;
   if (!live_.take(ptr, record)) throw_bad_free("free", ptr);
   if (record.shared) {
     try {
-      free_shared(ptr, record);
+      cross_stream_.defer(ptr, record);  // reused once its other streams have caught up
     } catch (...) {
       live_.insert(ptr, record);  // the driver failed: the block stays live, the free can be retried
       throw;
     }
   }
   if (observer_) observer_->on_free(ptr, record.size, record.stream, record.tag, context);
-  const auto r = static_cast<std::int64_t>(record.size);
-  const auto q = static_cast<std::int64_t>(record.requested);
-  const int pool = record.small ? kSmallPool : kLargePool;
-  for (int i : {static_cast<int>(kAllPools), pool}) {
-    stats_.allocated_bytes[i].decrease(r);
-    stats_.requested_bytes[i].decrease(q);
-    stats_.allocation[i].decrease(1);
-  }
-  recently_freed_[freed_count_++ % recently_freed_.size()] = ptr;
+  accounting_.count_free(record);
+  recent_frees_.note(ptr);
   if (!record.shared) release_record(ptr, record);
 }
 
-void Engine::Impl::free_shared(DevicePtr ptr, const Record& record) {
-  // Used on other streams too: reuse only once they have caught up with this free.
-  auto it = shared_streams_.find(ptr);
-  detail::PendingFree pending{ptr, record, {}};
-  try {
-    for (StreamId s : it->second) {
-      pending.events.push_back(device_.create_event());
-      device_.record_event(pending.events.back(), s);
-    }
-  } catch (...) {
-    for (EventHandle e : pending.events) {
-      try { device_.destroy_event(e); } catch (...) {}
-    }
-    throw;
-  }
-  shared_streams_.erase(it);
-  pending_.push_back(std::move(pending));
-}
-
 void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
-  const int pool = record.small ? kSmallPool : kLargePool;
-  for (int i : {static_cast<int>(kAllPools), pool}) {
-    stats_.active_bytes[i].decrease(static_cast<std::int64_t>(record.size));
-    stats_.active[i].decrease(1);
-  }
+  accounting_.count_release(record);
   if (!record.in_slab) {
-    range_bytes_ -= record.size;
-    if (record.small) {
-      small_range_bytes_ -= record.size;
-      move_reserved_to_small(-static_cast<std::int64_t>(record.size));
-    }
-    release_range(record.arena, record.id);
+    backing_.release_range(record.arena, record.id);
     return;
   }
   if (!slabs_.free(record.id, ptr)) return;
   const detail::Slab& slab = slabs_.slab(record.id);
   const auto bytes = static_cast<std::int64_t>(slab.bytes());
-  release_range(slab.arena, slab.node);
+  backing_.release_range(slab.arena, slab.node);
   slabs_.remove(record.id);
-  move_reserved_to_small(-bytes);
+  accounting_.move_reserved_to_small(-bytes);
 }
 
 void Engine::Impl::process_pending(bool wait) {
-  for (std::size_t i = 0; i < pending_.size();) {
-    detail::PendingFree& p = pending_[i];
-    bool done = true;
-    for (EventHandle e : p.events) {
-      if (wait) device_.synchronize_event(e);
-      else if (!device_.query_event(e)) done = false;
-    }
-    if (!done) {
-      ++i;
-      continue;
-    }
-    // Each event leaves the list once destroyed: should a destroy fail, the list keeps only live
-    // events, and the next call polls and destroys those (a destroyed one would fail forever).
-    while (!p.events.empty()) {
-      device_.destroy_event(p.events.back());
-      p.events.pop_back();
-    }
-    release_record(p.ptr, p.record);
-    pending_[i] = std::move(pending_.back());
-    pending_.pop_back();
+  cross_stream_.process(wait, [this](DevicePtr ptr, const Record& record) { release_record(ptr, record); });
+}
+
+// --- the slow paths that Backing asks for, and the rest of the API -------------------------------
+
+void Engine::Impl::release_spare_slabs() {
+  for (detail::SlabId id : slabs_.take_spares()) {
+    const detail::Slab& slab = slabs_.slab(id);
+    const auto bytes = static_cast<std::int64_t>(slab.bytes());
+    backing_.release_range(slab.arena, slab.node);
+    slabs_.remove(id);
+    accounting_.move_reserved_to_small(-bytes);
+  }
+}
+
+void Engine::Impl::reclaim() {
+  release_spare_slabs();
+  if (!cross_stream_.empty()) process_pending(true);
+}
+
+void Engine::Impl::empty_cache() {
+  std::lock_guard lock(mutex_);
+  if (!cross_stream_.empty()) process_pending(true);
+  release_spare_slabs();
+  backing_.trim_to(0, true);
+}
+
+void Engine::Impl::set_memory_limit(std::size_t bytes) {
+  const std::size_t limit = backing_.checked_limit(bytes, "memory limit");
+  std::lock_guard lock(mutex_);
+  backing_.set_limit(limit);
+  accounting_.stats.memory_limit = static_cast<std::int64_t>(limit);
+  if (backing_.chunks().held() * backing_.granularity() > limit) {
+    release_spare_slabs();
+    backing_.trim_to(limit, true);
   }
 }
 
 void Engine::Impl::throw_bad_free(const char* call, DevicePtr ptr) const {
   // A pointer freed lately is a double free; any other address is not a block's start: inside
   // gmem's ranges an interior pointer (or one past the end), outside them a foreign one.
-  for (const DevicePtr freed : recently_freed_)
-    if (freed == ptr && ptr != 0)
-      throw Error(Errc::double_free, std::string(call) + "(" + hex(ptr) +
-                                         "): this block was already freed (double free)");
-  for (const auto& arena : arenas_) {
-    const DevicePtr base = arena->ranges.base();
-    if (ptr >= base && ptr <= base + arena->ranges.size())
-      throw Error(Errc::invalid_pointer,
-                  std::string(call) + "(" + hex(ptr) +
-                      "): not the start of a live block (an interior pointer, one past the end, "
-                      "or a block freed long ago)");
-  }
+  if (recent_frees_.contains(ptr))
+    throw Error(Errc::double_free, std::string(call) + "(" + hex(ptr) +
+                                       "): this block was already freed (double free)");
+  if (backing_.in_arenas(ptr))
+    throw Error(Errc::invalid_pointer,
+                std::string(call) + "(" + hex(ptr) +
+                    "): not the start of a live block (an interior pointer, one past the end, "
+                    "or a block freed long ago)");
   throw Error(Errc::invalid_pointer,
               std::string(call) + "(" + hex(ptr) + "): not a pointer gmem allocated (foreign pointer)");
-}
-
-std::size_t Engine::Impl::checked_limit(std::size_t bytes, const char* what) const {
-  if (bytes == 0) return device_total_;
-  if (bytes > device_total_)
-    throw Error(Errc::invalid_argument, std::string(what) + " = " + format_bytes(bytes) +
-                                            ": more than the device's " + format_bytes(device_total_) +
-                                            " (0 means the whole device)");
-  if (bytes < granularity_)
-    throw Error(Errc::invalid_argument, std::string(what) + " = " + std::to_string(bytes) +
-                                            " bytes: less than one " + format_bytes(granularity_) +
-                                            " page, a limit that would allow nothing");
-  return bytes;
 }
 
 void Engine::Impl::record_stream(void* p, StreamId stream) {
@@ -292,30 +187,18 @@ void Engine::Impl::record_stream(void* p, StreamId stream) {
   Record* record = live_.find(ptr);
   if (record == nullptr) throw_bad_free("record_stream", ptr);
   if (stream == record->stream) return;
-  std::vector<StreamId>& streams = shared_streams_[ptr];
-  for (StreamId s : streams)
-    if (s == stream) return;
-  streams.push_back(stream);
+  if (!cross_stream_.add_user(ptr, stream)) return;
   record->shared = true;
 }
 
 void Engine::Impl::reset_peak_stats() {
   std::lock_guard lock(mutex_);
-  for (PoolStats* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.active_bytes,
-                       &stats_.reserved_bytes, &stats_.inactive_split_bytes, &stats_.allocation,
-                       &stats_.active, &stats_.segment, &stats_.inactive_split})
-    for (Stat& stat : *s) stat.reset_peak();
+  accounting_.reset_peaks();
 }
 
 void Engine::Impl::reset_accumulated_stats() {
   std::lock_guard lock(mutex_);
-  for (PoolStats* s : {&stats_.allocated_bytes, &stats_.requested_bytes, &stats_.active_bytes,
-                       &stats_.reserved_bytes, &stats_.inactive_split_bytes, &stats_.allocation,
-                       &stats_.active, &stats_.segment, &stats_.inactive_split})
-    for (Stat& stat : *s) stat.reset_accumulated();
-  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = 0;
-  stats_.num_device_free = stats_.num_sync_all_streams = 0;
-  stats_.num_maps = stats_.num_unmaps = stats_.num_stitches = 0;
+  accounting_.reset_accumulated();
 }
 
 // --- the public face ---------------------------------------------------------------------------
@@ -332,18 +215,18 @@ void Engine::set_memory_fraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     throw Error(Errc::invalid_argument,
                 "set_memory_fraction(" + std::to_string(fraction) + "): must be in (0, 1]");
-  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(impl_->device_total_));
-  const std::size_t pages = bytes / impl_->granularity_;
+  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(impl_->backing_.device_total()));
+  const std::size_t pages = bytes / impl_->backing_.granularity();
   if (pages == 0)
     throw Error(Errc::invalid_argument,
                 "set_memory_fraction(" + std::to_string(fraction) + "): " + format_bytes(bytes) +
-                    " of the device, less than one " + format_bytes(impl_->granularity_) +
+                    " of the device, less than one " + format_bytes(impl_->backing_.granularity()) +
                     " page: a limit that would allow nothing");
-  impl_->set_memory_limit(pages * impl_->granularity_);
+  impl_->set_memory_limit(pages * impl_->backing_.granularity());
 }
 std::size_t Engine::memory_limit() const {
   std::lock_guard lock(impl_->mutex_);
-  return impl_->limit_;
+  return impl_->backing_.limit();
 }
 void Engine::reset_peak_stats() { impl_->reset_peak_stats(); }
 void Engine::reset_accumulated_stats() { impl_->reset_accumulated_stats(); }

@@ -1,6 +1,7 @@
 // Reading the engine: stats (the derived ones computed on demand, off the hot path) and the
 // full invariant check the tests run after every step.
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <unordered_map>
 #include <sstream>
@@ -24,24 +25,25 @@ MemoryStats Engine::Impl::stats(bool derived) const {
     }
   }
   std::lock_guard lock(mutex_);
-  MemoryStats s = stats_;
-  const auto gran = static_cast<std::int64_t>(granularity_);
+  const detail::Accounting& acc = accounting_;
+  MemoryStats s = acc.stats;
+  const auto gran = static_cast<std::int64_t>(backing_.granularity());
   const auto slab_bytes = static_cast<std::int64_t>(slabs_.bytes());
-  const auto held = static_cast<std::int64_t>(chunks_.held());
-  const auto spare = static_cast<std::int64_t>(chunks_.spares());
-  const auto used = static_cast<std::int64_t>(used_pages_);
+  const auto held = static_cast<std::int64_t>(backing_.chunks().held());
+  const auto spare = static_cast<std::int64_t>(backing_.chunks().spares());
+  const auto used = static_cast<std::int64_t>(backing_.used_pages());
   s.chunks_held = held;
   s.chunks_mapped = held - spare;
-  s.mapped_pages = static_cast<std::int64_t>(chunks_.mapped_pages());
-  s.memory_limit = static_cast<std::int64_t>(limit_);
+  s.mapped_pages = static_cast<std::int64_t>(backing_.chunks().mapped_pages());
+  s.memory_limit = static_cast<std::int64_t>(backing_.limit());
   s.free_mapped_bytes = (held - spare - used) * gran;
   s.free_unmapped_bytes = spare * gran;
-  s.partial_page_bytes = used * gran - static_cast<std::int64_t>(range_bytes_) - slab_bytes;
-  s.small_slack_bytes = slab_bytes - (stats_.active_bytes[kSmallPool].current -
-                                      static_cast<std::int64_t>(small_range_bytes_));
+  s.partial_page_bytes = used * gran - static_cast<std::int64_t>(acc.range_bytes) - slab_bytes;
+  s.small_slack_bytes = slab_bytes - (acc.stats.active_bytes[kSmallPool].current -
+                                      static_cast<std::int64_t>(acc.small_range_bytes));
   if (!derived) return s;
 
-  s.largest_free_range = static_cast<std::int64_t>(largest_free_range());
+  s.largest_free_range = static_cast<std::int64_t>(backing_.largest_free_range());
   s.device_total_bytes = static_cast<std::int64_t>(device.total);
   s.device_free_bytes = static_cast<std::int64_t>(device.free);
   if (device.total > 0)
@@ -50,9 +52,10 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   // Inactive split: free bytes sharing a page with used ranges (large) or a slab with live
   // slots (small); peaks are those seen by detailed_stats() calls.
   std::int64_t split_ranges = 0, split_slabs = 0;
-  for_each_free_range([&](const detail::Arena& arena, const detail::RangeNode& n) {
+  const int page_shift = std::countr_zero(backing_.granularity());
+  backing_.for_each_free_range([&](const detail::Arena& arena, const detail::RangeNode& n) {
     const DevicePtr base = arena.ranges.base();
-    const std::size_t f = (n.addr - base) >> page_shift_, l = (n.addr + n.size - 1 - base) >> page_shift_;
+    const std::size_t f = (n.addr - base) >> page_shift, l = (n.addr + n.size - 1 - base) >> page_shift;
     if (arena.pages.get(f).refs > 0 || arena.pages.get(l).refs > 0) ++split_ranges;
   });
   std::int64_t small_split_bytes = 0;
@@ -66,14 +69,14 @@ MemoryStats Engine::Impl::stats(bool derived) const {
     stat.current = value;
     stat.peak = std::max(stat.peak, value);
   };
-  set(split_bytes_[kLargePool], s.partial_page_bytes);
-  set(split_bytes_[kSmallPool], small_split_bytes);
-  set(split_bytes_[kAllPools], s.partial_page_bytes + small_split_bytes);
-  set(split_counts_[kLargePool], split_ranges);
-  set(split_counts_[kSmallPool], split_slabs);
-  set(split_counts_[kAllPools], split_ranges + split_slabs);
-  s.inactive_split_bytes = split_bytes_;
-  s.inactive_split = split_counts_;
+  set(acc.split_bytes[kLargePool], s.partial_page_bytes);
+  set(acc.split_bytes[kSmallPool], small_split_bytes);
+  set(acc.split_bytes[kAllPools], s.partial_page_bytes + small_split_bytes);
+  set(acc.split_counts[kLargePool], split_ranges);
+  set(acc.split_counts[kSmallPool], split_slabs);
+  set(acc.split_counts[kAllPools], split_ranges + split_slabs);
+  s.inactive_split_bytes = acc.split_bytes;
+  s.inactive_split = acc.split_counts;
   return s;
 }
 
@@ -83,18 +86,19 @@ namespace {
 }
 }  // namespace
 
-void Engine::Impl::check_invariants() const {
-  std::lock_guard lock(mutex_);
+namespace detail {
+
+std::int64_t Backing::check_invariants() const {
   // Ranges tile each arena exactly; no two free neighbours; recount page references.
   std::int64_t used_large = 0;
   std::vector<std::unordered_map<std::size_t, std::uint32_t>> refs(arenas_.size());
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const detail::RangeAllocator& ranges = arenas_[a]->ranges;
+    const RangeAllocator& ranges = arenas_[a]->ranges;
     DevicePtr expect = ranges.base();
     bool prev_free = false;
     std::size_t free_count = 0;
     for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
-      const detail::RangeNode& n = ranges.node(id);
+      const RangeNode& n = ranges.node(id);
       if (n.addr != expect) violated("arena ranges do not tile the address space");
       if (n.size == 0 || n.size % kAlignment) violated("range size not a multiple of 512");
       if (n.free && prev_free) violated("two adjacent free ranges were not merged");
@@ -134,8 +138,8 @@ void Engine::Impl::check_invariants() const {
       free_mapped += p.refs == 0;
       if (p.chunk >= chunks_.slots() || chunks_.at(p.chunk).handle == 0)
         violated("a page maps a chunk gmem does not hold");
-      const detail::Chunk& c = chunks_.at(p.chunk);
-      const detail::PageId self = detail::page_id(a, static_cast<std::uint32_t>(i));
+      const Chunk& c = chunks_.at(p.chunk);
+      const PageId self = page_id(a, static_cast<std::uint32_t>(i));
       if (std::find(c.pages.begin(), c.pages.begin() + c.maps, self) == c.pages.begin() + c.maps)
         violated("a chunk does not list a page it is mapped at");
       if (static_cast<bool>(p.aliased) != (c.maps > 1)) violated("a page's alias mark is wrong");
@@ -144,14 +148,14 @@ void Engine::Impl::check_invariants() const {
     if (seen_refs != refs[a].size()) violated("a used page was never written");
   }
   std::size_t held = 0, listed_maps = 0, spare = 0;
-  for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
-    const detail::Chunk& c = chunks_.at(id);
+  for (ChunkId id = 0; id < chunks_.slots(); ++id) {
+    const Chunk& c = chunks_.at(id);
     if (c.handle == 0) continue;
     ++held;
     spare += c.maps == 0;
     listed_maps += c.maps;
     for (std::uint32_t k = 0; k < c.maps; ++k) {
-      const Page& p = arenas_[detail::arena_of(c.pages[k])]->pages.get(detail::index_of(c.pages[k]));
+      const Page& p = arenas_[arena_of(c.pages[k])]->pages.get(index_of(c.pages[k]));
       if (p.chunk != id) violated("a chunk lists a page that maps another chunk");
     }
   }
@@ -162,9 +166,9 @@ void Engine::Impl::check_invariants() const {
   std::vector<bool> findable(chunks_.slots(), false);
   std::size_t listed = 0;
   for (std::size_t k = freed_pages_.begin(); k < freed_pages_.end(); ++k) {
-    const detail::PageId id = freed_pages_.at(k);
-    if (id == detail::kNoPage) continue;
-    const Page& p = arenas_[detail::arena_of(id)]->pages.get(detail::index_of(id));
+    const PageId id = freed_pages_.at(k);
+    if (id == kNoPage) continue;
+    const Page& p = arenas_[arena_of(id)]->pages.get(index_of(id));
     if (!p.listed) violated("a listed page is not marked so");
     ++listed;
     if (p.mapped() && p.refs == 0) findable[p.chunk] = true;
@@ -173,21 +177,29 @@ void Engine::Impl::check_invariants() const {
   for (const auto& arena : arenas_)
     arena->pages.for_each_touched([&](std::size_t, const Page& p) { marked += p.listed; });
   if (listed != freed_pages_.listed() || marked != listed) violated("freed page list and marks disagree");
-  for (detail::ChunkId id = 0; id < chunks_.slots(); ++id) {
-    const detail::Chunk& c = chunks_.at(id);
+  for (ChunkId id = 0; id < chunks_.slots(); ++id) {
+    const Chunk& c = chunks_.at(id);
     if (c.handle == 0 || c.maps == 0 || used_through[id] > 0) continue;
     if (!findable[id]) violated("a free chunk is listed nowhere");
   }
 
+  return used_large;
+}
+
+}  // namespace detail
+
+void Engine::Impl::check_invariants() const {
+  std::lock_guard lock(mutex_);
+  const std::int64_t used_large = backing_.check_invariants();
   // Live blocks: each large one owns its range, each small one a distinct slot of a live slab.
   std::int64_t alloc[3] = {0, 0, 0}, count[3] = {0, 0, 0}, requested[3] = {0, 0, 0};
   std::map<detail::SlabId, std::uint32_t> slab_users;
   std::int64_t pending_ranges = 0, small_ranges = 0;
-  for (const detail::PendingFree& p : pending_) {
-    if (p.record.in_slab) ++slab_users[p.record.id];
-    else pending_ranges += static_cast<std::int64_t>(p.record.size);
-    if (!p.record.in_slab && p.record.small) small_ranges += static_cast<std::int64_t>(p.record.size);
-  }
+  cross_stream_.for_each_pending([&](const detail::Record& r) {
+    if (r.in_slab) ++slab_users[r.id];
+    else pending_ranges += static_cast<std::int64_t>(r.size);
+    if (!r.in_slab && r.small) small_ranges += static_cast<std::int64_t>(r.size);
+  });
   std::int64_t live_ranges = 0;
   live_.for_each([&](std::uintptr_t ptr, const detail::Record& r) {
     if (ptr % kAlignment) violated("block not aligned to 512 B");
@@ -205,7 +217,7 @@ void Engine::Impl::check_invariants() const {
       ++slab_users[r.id];
       return;
     }
-    const detail::RangeNode& n = arenas_[r.arena]->ranges.node(r.id);
+    const detail::RangeNode& n = backing_.arena(r.arena).ranges.node(r.id);
     if (n.free || n.addr != ptr || n.size != r.size) violated("block does not own its range");
     live_ranges += static_cast<std::int64_t>(r.size);
     if (r.small) small_ranges += static_cast<std::int64_t>(r.size);
@@ -215,23 +227,24 @@ void Engine::Impl::check_invariants() const {
     const detail::Slab& slab = slabs_.slab(id);
     if (!slab.live) continue;
     slab_bytes += static_cast<std::int64_t>(slab.bytes());
-    const detail::RangeNode& n = arenas_[slab.arena]->ranges.node(slab.node);
+    const detail::RangeNode& n = backing_.arena(slab.arena).ranges.node(slab.node);
     if (n.free || n.addr != slab.base || n.size != slab.bytes()) violated("slab does not own its range");
     if (slab.used != slab_users[id] || slab.used + slab.free_slots.size() != slab.capacity)
       violated("slab slot counts drifted");
   }
-  if (live_ranges + pending_ranges != static_cast<std::int64_t>(range_bytes_) ||
-      small_ranges != static_cast<std::int64_t>(small_range_bytes_) ||
+  const detail::Accounting& acc = accounting_;
+  if (live_ranges + pending_ranges != static_cast<std::int64_t>(acc.range_bytes) ||
+      small_ranges != static_cast<std::int64_t>(acc.small_range_bytes) ||
       live_ranges + pending_ranges + slab_bytes != used_large)
     violated("used ranges differ from live blocks and slabs");
   for (int i = 0; i < 3; ++i) {
-    if (stats_.allocated_bytes[i].current != alloc[i] || stats_.allocation[i].current != count[i] ||
-        stats_.requested_bytes[i].current != requested[i])
+    if (acc.stats.allocated_bytes[i].current != alloc[i] || acc.stats.allocation[i].current != count[i] ||
+        acc.stats.requested_bytes[i].current != requested[i])
       violated("allocation stats differ from a recount");
   }
-  const auto held_bytes = static_cast<std::int64_t>(chunks_.held() * granularity_);
-  if (stats_.reserved_bytes[kAllPools].current != held_bytes) violated("reserved_bytes != chunks held");
-  if (stats_.reserved_bytes[kSmallPool].current != slab_bytes + small_ranges)
+  const auto held_bytes = static_cast<std::int64_t>(backing_.chunks().held() * backing_.granularity());
+  if (acc.stats.reserved_bytes[kAllPools].current != held_bytes) violated("reserved_bytes != chunks held");
+  if (acc.stats.reserved_bytes[kSmallPool].current != slab_bytes + small_ranges)
     violated("small pool reserved != its slabs and ranges");
   if (held_bytes < alloc[kAllPools]) violated("reserved < allocated");
 }

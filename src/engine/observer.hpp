@@ -4,6 +4,7 @@
 // cheap (no second lock, no second map). The engine knows nothing of what the tag means.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -31,6 +32,28 @@ struct ContextCapture {
   std::uint32_t (*capture)(int skip, int depth) = nullptr;  // nullptr: no context to gather
   int depth = 0;
   bool on_free = true;  // frees too, not only mallocs
+};
+
+// The attached observer's ContextCapture as the engine reads it: before taking its lock, so the
+// fields are atomic and a detach between the capture and the lock is harmless.
+class CaptureHook {
+ public:
+  void set(const ContextCapture& capture) {
+    depth_.store(capture.depth, std::memory_order_relaxed);
+    on_free_.store(capture.on_free, std::memory_order_relaxed);
+    capture_.store(capture.capture, std::memory_order_release);
+  }
+  // The context for a malloc (or a free), or 0 when none is wanted.
+  std::uint32_t gather(bool for_free) const {
+    const auto capture = capture_.load(std::memory_order_acquire);
+    if (capture == nullptr || (for_free && !on_free_.load(std::memory_order_relaxed))) return 0;
+    return capture(0, depth_.load(std::memory_order_relaxed));
+  }
+
+ private:
+  std::atomic<std::uint32_t (*)(int, int)> capture_{nullptr};
+  std::atomic<int> depth_{0};
+  std::atomic<bool> on_free_{false};
 };
 
 class EngineObserver {

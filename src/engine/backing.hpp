@@ -1,0 +1,192 @@
+// Physical memory behind virtual ranges, and the policy that keeps it small. Backing owns the
+// arenas (each stream's virtual ranges and their pages), the chunks held from the device and the
+// pages each is mapped at (aliases), the pages freed while mapped (where stitching finds a free
+// chunk), and the clash rule (when a page gets a chunk of its own). The engine asks it for a
+// used range backed by mapped pages and gives ranges back; it never handles a chunk itself.
+//
+// Why apart from the engine: this is where every device call and every placement decision is
+// made, and the only part that knows pages and chunks; blocks, slabs and counting sit above it.
+// The steady state is one pass over a range's pages (back_pages, unref_pages); mapping,
+// stitching, waiting for streams and reclaiming are out of line (backing.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/accounting.hpp"
+#include "engine/chunk_pool.hpp"
+#include "engine/freed_pages.hpp"
+#include "engine/observer.hpp"
+#include "engine/page_table.hpp"
+#include "engine/range_allocator.hpp"
+#include "engine/streams.hpp"
+#include "gmem/device.hpp"
+#include "gmem/engine.hpp"
+
+namespace gmem::detail {
+
+// One virtual address reservation, used by one stream.
+struct Arena {
+  Arena(DevicePtr base, std::size_t size, std::size_t page_count, std::uint32_t stream_index)
+      : ranges(base, size), pages(page_count), stream(stream_index) {}
+  RangeAllocator ranges;
+  PageTable pages;
+  std::uint32_t stream;
+};
+
+// What Backing asks of the engine around it, for the blocks it does not own (slow paths only).
+class BackingClient {
+ public:
+  // A new arena is about to be added (its index: the arenas so far); may throw, and the arena
+  // is then not added.
+  virtual void arena_added() = 0;
+  // Memory is short: give back empty slabs and the frees that wait on other streams.
+  virtual void reclaim() = 0;
+
+ protected:
+  ~BackingClient() = default;
+};
+
+// When a page that had to be remapped twice (its chunk was busy elsewhere when it was needed)
+// gets a new chunk rather than another free one: while reserved memory stays within a share of
+// the most pages ever used at once (1/share, plus kPages). Without it, a layout whose pages take
+// turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35 pages a
+// step). A program whose layout keeps changing (a random churn; a training loop whose shapes
+// take turns, each laying its blocks out differently) keeps clashing: each time the clashes
+// reach half the pages in use, the share doubles, up to 1/kMinShare. (At a quarter, the warm-up
+// of llama_ckpt_varlen alone doubled it three times: 1.023 instead of 1.013; at the whole,
+// alloc_bench's churn of 1000 blocks still stitched after 100k operations.)
+class ClashRule {
+ public:
+  static constexpr std::size_t kFirstShare = 200;
+  static constexpr std::size_t kMinShare = 8;
+  static constexpr std::size_t kPages = 4;
+  // A page clashed again; may it have a new chunk, with `held` chunks held now?
+  bool allows_new_chunk(std::size_t held, std::size_t peak_used) {
+    if (++clashes_ > peak_used / 2 && share_ > kMinShare) {
+      share_ = std::max(kMinShare, share_ / 2);
+      clashes_ = 0;
+    }
+    return held < peak_used + peak_used / share_ + kPages;
+  }
+
+ private:
+  std::size_t share_ = kFirstShare;
+  std::size_t clashes_ = 0;
+};
+
+class Backing {
+ public:
+  // Throws Error(invalid_argument) for a device granularity that is not a power of two >= 512.
+  // `observer` is the engine's (read when a page is mapped or unmapped, or on OOM).
+  Backing(Device& device, Streams& streams, Accounting& accounting,
+          EngineObserver* const& observer, BackingClient& client);
+  ~Backing();  // unmaps every page, gives back every address range and chunk
+  Backing(const Backing&) = delete;
+  Backing& operator=(const Backing&) = delete;
+
+  std::size_t granularity() const { return granularity_; }
+  std::size_t device_total() const { return device_total_; }
+  std::size_t limit() const { return limit_; }
+  // A limit in bytes as given (0: the device's total), or Error(invalid_argument) for one above
+  // the device or below a page: a limit never quietly becomes no limit.
+  std::size_t checked_limit(std::size_t bytes, const char* what) const;
+  void set_limit(std::size_t bytes) { limit_ = bytes; }
+  void set_arena_size(std::size_t address_space);  // 0: the device's total
+
+  // --- the fast path (the steady state makes no device call) ------------------------------------
+  struct Taken {
+    std::uint32_t arena;
+    NodeId node;
+    DevicePtr addr;
+  };
+  // A used range of `bytes` in one of stream `si`'s arenas, backed by mapped pages; throws
+  // OutOfMemoryError (for `requested` bytes) or DeviceError with nothing changed.
+  Taken take_range(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  void release_range(std::uint32_t arena, NodeId node);
+
+  // --- reclaiming ---------------------------------------------------------------------------------
+  // Gives back free chunks until at most `bytes` are held (waits for streams with `wait`).
+  void trim_to(std::size_t bytes, bool wait);
+
+  // --- reading ------------------------------------------------------------------------------------
+  const Arena& arena(std::uint32_t a) const { return *arenas_[a]; }
+  std::size_t arena_count() const { return arenas_.size(); }
+  bool in_arenas(DevicePtr ptr) const;  // in one of the arenas, or one past its end
+  const ChunkPool& chunks() const { return chunks_; }
+  std::size_t used_pages() const { return used_pages_; }
+  std::size_t largest_free_range() const;
+  // What is mapped now, as [begin, end) ranges by address (adjacent pages merged).
+  std::vector<std::pair<DevicePtr, DevicePtr>> mapped_ranges() const;
+  // Calls visit(arena, node) for each free range of each arena, in address order.
+  template <class F>
+  void for_each_free_range(F&& visit) const {
+    for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+      const RangeAllocator& ranges = arenas_[a]->ranges;
+      for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
+        const RangeNode& n = ranges.node(id);
+        if (n.free) visit(*arenas_[a], n);
+      }
+    }
+  }
+  // Verifies pages, chunks and the freed-page list against the arenas' ranges; throws
+  // std::logic_error (engine_checks.cpp). Returns the bytes of used ranges.
+  std::int64_t check_invariants() const;
+
+ private:
+  struct Placement {
+    std::uint32_t arena;
+    NodeId node;
+    std::size_t offset;  // into the free range
+  };
+  Placement place(std::uint32_t si, std::size_t bytes);
+  // Whether the free page's chunk may serve its arena now without a device call.
+  bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const;
+  bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
+  bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
+  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes);
+  std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
+                                                std::size_t bytes) const;
+  bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
+  bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
+  void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
+  ChunkId acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before);
+  ChunkId create_chunk();  // kNoChunk when the limit or the device says no
+  ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
+  Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }
+  void map_page(std::uint32_t arena, std::size_t index, ChunkId chunk);
+  void unmap_page(PageId id);
+  bool unmap_chunk(ChunkId chunk, bool wait);  // every alias; false if still in use
+  void release_chunk(ChunkId chunk);
+  [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
+
+  // --- what it works with -------------------------------------------------------------------------
+  Device& device_;
+  Streams& streams_;
+  Accounting& accounting_;
+  EngineObserver* const& observer_;
+  BackingClient& client_;
+  std::size_t granularity_;
+  int page_shift_;
+  std::size_t device_total_;
+  std::size_t arena_size_ = 0;
+  std::size_t limit_ = 0;
+  std::string oom_reason_ = "limit";  // why the last growth failed
+
+  // --- what it holds ------------------------------------------------------------------------------
+  std::vector<std::unique_ptr<Arena>> arenas_;
+  ChunkPool chunks_;
+  FreedPages freed_pages_;      // where stitching looks for free chunks
+  std::size_t used_pages_ = 0;  // pages with refs > 0 (each pins one busy chunk)
+  std::size_t peak_used_ = 0;   // most pages used at once
+  std::size_t free_pages_ = 0;  // mapped pages with refs == 0
+  std::uint32_t clock_ = 0;     // ranges taken so far (wraps): the pages' time of use
+  ClashRule clash_rule_;
+};
+
+}  // namespace gmem::detail

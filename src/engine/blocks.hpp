@@ -1,0 +1,140 @@
+// What the engine keeps about blocks apart from their memory: each live block's Record (stored
+// in a PointerMap that tracking reads and tags too, under the engine's lock), the frees that must
+// wait for other streams (record_stream), and the last frees, so that a second free reads as a
+// double free. Bookkeeping only: where a block's memory comes from is Backing's and the slabs'.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/observer.hpp"
+#include "gmem/device.hpp"
+
+namespace gmem::detail {
+
+// A live allocation.
+struct Record {
+  std::size_t size = 0;       // rounded to 512 B
+  std::size_t requested = 0;
+  StreamId stream = 0;
+  std::uint32_t arena = 0;
+  std::uint32_t id = 0;       // SlabId when in_slab, else the RangeAllocator node
+  bool small = false;         // the small pool (<= 1 MiB), as PyTorch counts it
+  bool in_slab = false;
+  bool shared = false;        // record_stream() added streams
+  BlockTag tag;               // the observer's, while one is attached
+};
+
+// record_stream(): the other streams each live block is used on, and the freed blocks whose
+// memory is reused only once those streams have caught up (an event recorded on each).
+class CrossStreamFrees {
+ public:
+  explicit CrossStreamFrees(Device& device) : device_(device) {}
+  ~CrossStreamFrees() {  // the engine goes: its events go with it
+    for (PendingFree& p : pending_)
+      for (EventHandle e : p.events) {
+        try { device_.destroy_event(e); } catch (...) {}
+      }
+  }
+  CrossStreamFrees(const CrossStreamFrees&) = delete;
+  CrossStreamFrees& operator=(const CrossStreamFrees&) = delete;
+
+  // Notes that the live block at `ptr` is used on `stream` too; false when already noted.
+  bool add_user(DevicePtr ptr, StreamId stream) {
+    std::vector<StreamId>& streams = users_[ptr];
+    for (StreamId s : streams)
+      if (s == stream) return false;
+    streams.push_back(stream);
+    return true;
+  }
+
+  // The shared block at `ptr` is freed: records an event on each of its other streams and keeps
+  // the block until they complete. On a device error nothing has changed.
+  void defer(DevicePtr ptr, const Record& record) {
+    auto it = users_.find(ptr);
+    PendingFree pending{ptr, record, {}};
+    try {
+      for (StreamId s : it->second) {
+        pending.events.push_back(device_.create_event());
+        device_.record_event(pending.events.back(), s);
+      }
+    } catch (...) {
+      for (EventHandle e : pending.events) {
+        try { device_.destroy_event(e); } catch (...) {}
+      }
+      throw;
+    }
+    users_.erase(it);
+    pending_.push_back(std::move(pending));
+  }
+
+  bool empty() const { return pending_.empty(); }
+
+  // Calls release(ptr, record) for each pending free whose streams have all caught up (with
+  // `wait`, after waiting for them), and forgets it.
+  template <class Release>
+  void process(bool wait, Release&& release) {
+    for (std::size_t i = 0; i < pending_.size();) {
+      PendingFree& p = pending_[i];
+      bool done = true;
+      for (EventHandle e : p.events) {
+        if (wait) device_.synchronize_event(e);
+        else if (!device_.query_event(e)) done = false;
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      // Each event leaves the list once destroyed: should a destroy fail, the list keeps only
+      // live events, and the next call polls and destroys those (a destroyed one would fail
+      // forever).
+      while (!p.events.empty()) {
+        device_.destroy_event(p.events.back());
+        p.events.pop_back();
+      }
+      release(p.ptr, p.record);
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+    }
+  }
+
+  // Calls visit(record) for each pending free.
+  template <class Visit>
+  void for_each_pending(Visit&& visit) const {
+    for (const PendingFree& p : pending_) visit(p.record);
+  }
+
+ private:
+  struct PendingFree {
+    DevicePtr ptr;
+    Record record;
+    std::vector<EventHandle> events;
+  };
+  Device& device_;
+  std::unordered_map<DevicePtr, std::vector<StreamId>> users_;
+  std::vector<PendingFree> pending_;
+};
+
+// The last frees, so that a second free of one of them reads as a double free and not as an
+// interior pointer: one store per free, read only when a free fails.
+class RecentFrees {
+ public:
+  static constexpr std::size_t kRemembered = 1024;
+  void note(DevicePtr ptr) { ptrs_[count_++ % kRemembered] = ptr; }
+  bool contains(DevicePtr ptr) const {
+    if (ptr == 0) return false;
+    for (const DevicePtr freed : ptrs_)
+      if (freed == ptr) return true;
+    return false;
+  }
+
+ private:
+  std::array<DevicePtr, kRemembered> ptrs_{};
+  std::size_t count_ = 0;
+};
+
+}  // namespace gmem::detail
