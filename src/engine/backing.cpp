@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <type_traits>
 
 namespace gmem::detail {
 
@@ -187,15 +188,37 @@ void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes
                           std::uint64_t stamp) {
   PageTable& pages = arenas_[arena]->pages;
   const auto [first, last] = page_span(arena, addr, bytes);
-  for (std::size_t i = first; i <= last; ++i) {
+  auto put = [&](std::size_t i, auto in_runs) {  // in_runs: std::true_type while runs exist
     Page& p = pages.at(i);
+    if constexpr (decltype(in_runs)::value) settle(p);
     if (--p.refs == 0) {
       p.free_seq = stamp;
       --used_pages_;
-      if (!p.mapped()) continue;  // a failed malloc's rollback
+      if (!p.mapped()) return;  // a failed malloc's rollback
       ++free_pages_;
       freed_pages_.add(page_id(arena, static_cast<std::uint32_t>(i)), p);
     }
+  };
+  if (last - first + 1 >= kMinRunPages) [[unlikely]] {
+    const auto [inner_first, inner_last] = interior(arena, addr, bytes, first, last);
+    if (const std::uint32_t run = run_at(pages, inner_first, inner_last);
+        run != kNoRun && runs_[run].refs == 1) {
+      // The run's pages all fall to 0 at once: mapped, and listed as freed already.
+      if (inner_first != first) put(first, std::true_type{});
+      PageRun& r = runs_[run];
+      const std::size_t n = inner_last - inner_first + 1;
+      r.refs = 0;
+      r.free_seq = stamp;
+      used_pages_ -= n;
+      free_pages_ += n;
+      if (inner_last != last) put(last, std::true_type{});
+      return;
+    }
+  }
+  if (live_runs_ == 0) [[likely]] {
+    for (std::size_t i = first; i <= last; ++i) put(i, std::false_type{});
+  } else {
+    for (std::size_t i = first; i <= last; ++i) put(i, std::true_type{});
   }
 }
 
@@ -204,9 +227,10 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
   const auto [first, last] = page_span(arena, addr, bytes);
   bool ready = true;
   const std::uint32_t now = ++clock_;
-  for (std::size_t i = first; i <= last; ++i) {
+  auto take = [&](std::size_t i, auto in_runs) {  // in_runs: std::true_type while runs exist
     Page& p = pages.at(i);
-    if (p.refs++ > 0) continue;  // shared with a live neighbour: its chunk is busy here already
+    if constexpr (decltype(in_runs)::value) settle(p);
+    if (p.refs++ > 0) return;  // shared with a live neighbour: its chunk is busy here already
     if (++used_pages_ > peak_used_) peak_used_ = used_pages_;
     p.reuse = now - p.last_use;
     p.last_use = now;
@@ -214,9 +238,97 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
     // Checked in address order with refs already taken, so that one block never gets a chunk
     // twice through two of its pages.
     ready &= p.mapped() && page_ready(arena, i, p);
+  };
+  if (last - first + 1 >= kMinRunPages) [[unlikely]] {
+    const auto [inner_first, inner_last] = interior(arena, addr, bytes, first, last);
+    if (const std::uint32_t run = run_at(pages, inner_first, inner_last);
+        run != kNoRun && runs_[run].refs == 0) {
+      // Taken the same way before: its interior pages are mapped, unaliased, ready.
+      if (inner_first != first) take(first, std::true_type{});
+      PageRun& r = runs_[run];
+      const std::size_t n = inner_last - inner_first + 1;
+      r.refs = 1;
+      r.reuse = now - r.last_use;
+      r.last_use = now;
+      if ((used_pages_ += n) > peak_used_) peak_used_ = used_pages_;
+      free_pages_ -= n;
+      if (inner_last != last) take(last, std::true_type{});
+      if (ready) [[likely]] return true;
+      end_run(run);  // the slow path looks at every page
+      return map_missing(arena, addr, bytes);
+    }
+    for (std::size_t i = first; i <= last; ++i) take(i, std::true_type{});
+    if (!ready) return map_missing(arena, addr, bytes);
+    make_run(arena, inner_first, inner_last);
+    return true;
+  }
+  if (live_runs_ == 0) [[likely]] {
+    for (std::size_t i = first; i <= last; ++i) take(i, std::false_type{});
+  } else {
+    for (std::size_t i = first; i <= last; ++i) take(i, std::true_type{});
   }
   if (ready) [[likely]] return true;  // the steady state: every page mapped, its chunk free
   return map_missing(arena, addr, bytes);
+}
+
+std::pair<std::size_t, std::size_t> Backing::interior(std::uint32_t arena, DevicePtr addr,
+                                                      std::size_t bytes, std::size_t first,
+                                                      std::size_t last) const {
+  const DevicePtr base = arenas_[arena]->ranges.base();
+  return {addr == base + (first << page_shift_) ? first : first + 1,
+          addr + bytes == base + ((last + 1) << page_shift_) ? last : last - 1};
+}
+
+void Backing::make_run(std::uint32_t arena, std::size_t first, std::size_t last) {
+  if (last < first || last - first + 1 < kMinRunPages) return;
+  PageTable& pages = arenas_[arena]->pages;
+  const Page& head = pages.at(first);
+  const std::uint64_t free_seq = head.free_seq;
+  const std::uint32_t last_use = head.last_use, reuse = head.reuse;
+  for (std::size_t i = first; i <= last; ++i) {
+    const Page& p = pages.at(i);
+    if (!p.mapped() || p.aliased || !p.listed || p.in_run || p.free_seq != free_seq ||
+        p.reuse != reuse || p.last_use != last_use || p.refs != 1)
+      return;
+  }
+  std::uint32_t index;
+  if (!unused_runs_.empty()) {
+    index = unused_runs_.back();
+    unused_runs_.pop_back();
+  } else {
+    try {
+      runs_.emplace_back();
+      unused_runs_.reserve(runs_.size());  // so that end_run never allocates
+    } catch (...) {  // no run: the pages keep their own fields, as before
+      if (runs_.size() > unused_runs_.capacity()) runs_.pop_back();
+      return;
+    }
+    index = static_cast<std::uint32_t>(runs_.size() - 1);
+  }
+  runs_[index] = PageRun{arena, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(last),
+                         1, free_seq, last_use, reuse, true};
+  ++live_runs_;
+  for (std::size_t i = first; i <= last; ++i) {
+    Page& p = pages.at(i);
+    p.in_run = 1;
+    p.last_use = index;
+  }
+}
+
+void Backing::end_run(std::uint32_t index) {
+  PageRun& run = runs_[index];
+  PageTable& pages = arenas_[run.arena]->pages;
+  for (std::size_t i = run.first; i <= run.last; ++i) {
+    Page& p = pages.at(i);
+    p.refs = run.refs & 1u;
+    p.free_seq = run.free_seq;
+    p.last_use = run.last_use;
+    p.reuse = run.reuse;
+    p.in_run = 0;
+  }
+  run.live = false;
+  --live_runs_;
+  unused_runs_.push_back(index);
 }
 
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
@@ -380,6 +492,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
     if (id == kNoPage) continue;
     const Arena& a = *arenas_[arena_of(id)];
     Page& p = page_at(id);
+    settle(p);
     // Stale (used again, or unmapped since), or its chunk busy through another alias (which is
     // listed itself when freed): not worth another look.
     if (p.refs > 0 || !p.mapped() || (p.aliased && chunk_busy(p.chunk))) {
@@ -475,6 +588,7 @@ void Backing::trim_to(std::size_t bytes, bool wait) {
     const PageId id = freed_pages_.at(k);
     if (id == kNoPage) continue;
     Page& p = page_at(id);
+    settle(p);
     if (p.refs > 0 || !p.mapped()) {
       freed_pages_.drop(k, p);
       continue;
@@ -537,7 +651,7 @@ std::size_t Backing::largest_free_range() const {
         const DevicePtr page_end =
             std::min<DevicePtr>(end, ranges.base() + ((i + 1) << page_shift_));
         const Page& p = pages.get(i);
-        const bool usable = p.refs > 0 || (p.mapped() && page_ready(a, i, p));
+        const bool usable = refs_of(p) > 0 || (p.mapped() && page_ready(a, i, p));
         run = usable ? run + (page_end - pos) : 0;
         best = std::max(best, run);
         pos = page_end;

@@ -80,6 +80,25 @@ class ClashRule {
   std::size_t clashes_ = 0;
 };
 
+// The interior pages of a large range (each wholly inside it: refs is 0 or 1 for all of them
+// at once), kept as one record while only the fast path touches them, so that taking and giving
+// back the same range again costs O(1) instead of a pass over its pages. A run is made when a
+// range's interior pages come out of a malloc's pass alike (mapped, unaliased, listed as freed,
+// the same stamp and reuse): the range was used before, and a step that repeats will take it
+// again. Its pages are marked (Page::in_run) and hold the run's index in last_use; anything but
+// the fast path that looks at one of them first writes the run's fields back into its pages
+// (settle), which ends the run. A run's pages stay mapped, unaliased and listed while it lasts:
+// only slow paths change those, and they settle first.
+struct PageRun {
+  std::uint32_t arena = 0;
+  std::uint32_t first = 0, last = 0;  // page indices in the arena, inclusive
+  std::uint32_t refs = 0;             // of each of its pages: 0 or 1
+  std::uint64_t free_seq = 0;
+  std::uint32_t last_use = 0;
+  std::uint32_t reuse = 0;
+  bool live = false;
+};
+
 class Backing {
  public:
   // Throws Error(invalid_argument) for a device granularity that is not a power of two >= 512.
@@ -134,6 +153,10 @@ class Backing {
       }
     }
   }
+  // A page's references (what Page::refs says, or its run's).
+  std::uint32_t page_refs(const Arena& arena, std::size_t index) const {
+    return refs_of(arena.pages.get(index));
+  }
   // Verifies pages, chunks and the freed-page list against the arenas' ranges; throws
   // std::logic_error (engine_checks.cpp). Returns the bytes of used ranges.
   std::int64_t check_invariants() const;
@@ -153,6 +176,25 @@ class Backing {
   std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
                                                 std::size_t bytes) const;
   bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
+  // The pages of [first, last] wholly inside the range at addr (first or last may not be).
+  std::pair<std::size_t, std::size_t> interior(std::uint32_t arena, DevicePtr addr,
+                                               std::size_t bytes, std::size_t first,
+                                               std::size_t last) const;
+  // The run that is exactly the interior pages [first, last] of a range, or kNoRun.
+  std::uint32_t run_at(const PageTable& pages, std::size_t first, std::size_t last) const {
+    if (last < first || last - first + 1 < kMinRunPages) return kNoRun;
+    const Page& p = pages.get(first);
+    if (!p.in_run) return kNoRun;
+    const PageRun& run = runs_[p.last_use];
+    return run.first == first && run.last == last ? p.last_use : kNoRun;
+  }
+  // Makes [first, last] (interior pages just taken, ready) a run if they are alike.
+  void make_run(std::uint32_t arena, std::size_t first, std::size_t last);
+  void end_run(std::uint32_t index);  // writes its fields back into its pages
+  void settle(Page& p) {
+    if (p.in_run) [[unlikely]] end_run(p.last_use);
+  }
+  std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before);
@@ -187,6 +229,12 @@ class Backing {
   std::size_t free_pages_ = 0;  // mapped pages with refs == 0
   std::uint32_t clock_ = 0;     // ranges taken so far (wraps): the pages' time of use
   ClashRule clash_rule_;
+  // Runs shorter than this are not worth a record: a pass over them costs a few hundred ns.
+  static constexpr std::size_t kMinRunPages = 64;
+  static constexpr std::uint32_t kNoRun = ~std::uint32_t{0};
+  std::vector<PageRun> runs_;
+  std::vector<std::uint32_t> unused_runs_;
+  std::size_t live_runs_ = 0;  // none: the passes over pages need not look for runs
 };
 
 }  // namespace gmem::detail

@@ -56,7 +56,7 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   backing_.for_each_free_range([&](const detail::Arena& arena, const detail::RangeNode& n) {
     const DevicePtr base = arena.ranges.base();
     const std::size_t f = (n.addr - base) >> page_shift, l = (n.addr + n.size - 1 - base) >> page_shift;
-    if (arena.pages.get(f).refs > 0 || arena.pages.get(l).refs > 0) ++split_ranges;
+    if (backing_.page_refs(arena, f) > 0 || backing_.page_refs(arena, l) > 0) ++split_ranges;
   });
   std::int64_t small_split_bytes = 0;
   for (detail::SlabId id = 0; id < slabs_.slab_count(); ++id) {
@@ -117,7 +117,7 @@ std::int64_t Backing::check_invariants() const {
   }
   // Pages: references match, used pages are mapped, and pages and chunks agree on the mappings;
   // a chunk is used through one page at most (else two blocks would share memory).
-  std::size_t used = 0, free_mapped = 0, mapped = 0;
+  std::size_t used = 0, free_mapped = 0, mapped = 0, run_pages = 0;
   std::vector<std::uint32_t> used_through(chunks_.slots(), 0);
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
     std::size_t seen_refs = 0;
@@ -125,17 +125,25 @@ std::int64_t Backing::check_invariants() const {
       const auto it = refs[a].find(i);
       const std::uint32_t expect = it == refs[a].end() ? 0 : it->second;
       seen_refs += expect != 0;
-      if (p.refs != expect)
-        violated("page " + std::to_string(i) + " has " + std::to_string(p.refs) +
+      const std::uint32_t p_refs = refs_of(p);
+      if (p_refs != expect)
+        violated("page " + std::to_string(i) + " has " + std::to_string(p_refs) +
                  " references, ranges say " + std::to_string(expect));
-      if (p.refs > 0 && !p.mapped()) violated("a used page is not mapped");
-      used += p.refs > 0;
+      if (p_refs > 0 && !p.mapped()) violated("a used page is not mapped");
+      used += p_refs > 0;
+      if (p.in_run) {
+        if (p.last_use >= runs_.size() || !runs_[p.last_use].live) violated("a page is in no live run");
+        const PageRun& run = runs_[p.last_use];
+        if (run.arena != a || i < run.first || i > run.last) violated("a page is outside its run");
+        if (!p.mapped() || p.aliased || !p.listed) violated("a run's page is unmapped, aliased or not listed");
+        ++run_pages;
+      }
       if (!p.mapped()) {
         if (p.aliased) violated("an unmapped page is marked aliased");
         return;
       }
       ++mapped;
-      free_mapped += p.refs == 0;
+      free_mapped += p_refs == 0;
       if (p.chunk >= chunks_.slots() || chunks_.at(p.chunk).handle == 0)
         violated("a page maps a chunk gmem does not hold");
       const Chunk& c = chunks_.at(p.chunk);
@@ -143,10 +151,17 @@ std::int64_t Backing::check_invariants() const {
       if (std::find(c.pages.begin(), c.pages.begin() + c.maps, self) == c.pages.begin() + c.maps)
         violated("a chunk does not list a page it is mapped at");
       if (static_cast<bool>(p.aliased) != (c.maps > 1)) violated("a page's alias mark is wrong");
-      if (p.refs > 0 && ++used_through[p.chunk] > 1) violated("a chunk is used through two pages");
+      if (p_refs > 0 && ++used_through[p.chunk] > 1) violated("a chunk is used through two pages");
     });
     if (seen_refs != refs[a].size()) violated("a used page was never written");
   }
+  std::size_t in_runs = 0;
+  for (const PageRun& run : runs_) in_runs += run.live ? run.last - run.first + 1 : 0;
+  if (in_runs != run_pages) violated("a run's pages are not all marked");
+  const auto live_runs = static_cast<std::size_t>(
+      std::count_if(runs_.begin(), runs_.end(), [](const PageRun& r) { return r.live; }));
+  if (runs_.size() - unused_runs_.size() != live_runs || live_runs != live_runs_)
+    violated("run counts drifted");
   std::size_t held = 0, listed_maps = 0, spare = 0;
   for (ChunkId id = 0; id < chunks_.slots(); ++id) {
     const Chunk& c = chunks_.at(id);
@@ -171,7 +186,7 @@ std::int64_t Backing::check_invariants() const {
     const Page& p = arenas_[arena_of(id)]->pages.get(index_of(id));
     if (!p.listed) violated("a listed page is not marked so");
     ++listed;
-    if (p.mapped() && p.refs == 0) findable[p.chunk] = true;
+    if (p.mapped() && refs_of(p) == 0) findable[p.chunk] = true;
   }
   std::size_t marked = 0;
   for (const auto& arena : arenas_)

@@ -26,10 +26,13 @@ inline constexpr ChunkId kNoChunk = ~ChunkId{0};
 
 struct Page {
   ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
-  std::uint32_t refs : 29 = 0;    // used ranges overlapping the page
+  std::uint32_t refs : 28 = 0;    // used ranges overlapping the page
   std::uint32_t aliased : 1 = 0;  // the chunk is mapped at other pages too (ChunkPool)
   std::uint32_t clashed : 1 = 0;  // has had to be remapped: its chunk was busy elsewhere
   std::uint32_t listed : 1 = 0;   // has an entry in the engine's FreedPages
+  // In one of Backing's page runs: refs, free_seq, last_use and reuse are the run's (this
+  // page's are stale), and last_use holds the run's index (backing.hpp).
+  std::uint32_t in_run : 1 = 0;
   std::uint64_t free_seq = 0;  // the arena's stream's free stamp when refs last fell to 0
   // When the page was last taken into use and how long before that the previous time, on the
   // engine's clock of ranges taken: the page's next use is due at about last_use + reuse.

@@ -141,6 +141,64 @@ TEST(Engine, SteadyTrainingLoopMakesNoDeviceCallsAfterTheFirstStep) {
   engine.check_invariants();
 }
 
+// Large blocks taken again the same way keep their interior pages as one run (backing.hpp):
+// their malloc and free then skip the pass over the pages. Runs must be invisible: the same
+// invariants, no device calls once the loop repeats, and the slow paths (stealing a run's
+// chunk, trimming, other streams, record_stream) see the pages as if no run had been made.
+TEST(Engine, LargeBlocksTakenAgainKeepEveryInvariant) {
+  SimulatedDevice device(device_of(3 * GiB, false));
+  Engine engine(device, EngineOptions{.address_space = 6 * GiB});
+  // Unaligned starts and ends (a small block first, odd sizes) and page-aligned ones.
+  const std::vector<std::size_t> step = {300 * MiB, 512, 129 * MiB + 7, 4096, 256 * MiB,
+                                         1 * MiB + 512, 200 * MiB + 3 * 512};
+  std::uint64_t after_warmup = 0;
+  for (int s = 0; s < 8; ++s) {
+    std::vector<void*> live;
+    for (std::size_t size : step) {
+      live.push_back(engine.malloc(size, 0));
+      ASSERT_NO_THROW(engine.check_invariants()) << "step " << s;
+    }
+    for (std::size_t i = live.size(); i-- > 0;) {
+      engine.free(live[i]);
+      ASSERT_NO_THROW(engine.check_invariants()) << "step " << s;
+    }
+    device.complete_stream(0);
+    if (s == 2) after_warmup = mapping_calls(device);
+  }
+  EXPECT_EQ(mapping_calls(device), after_warmup) << "a repeating loop of large blocks kept mapping";
+
+  // Another stream wants the memory the runs sit on: it steals their chunks, after a wait.
+  std::vector<void*> other;
+  for (int i = 0; i < 3; ++i) {
+    other.push_back(engine.malloc(700 * MiB + 512 * i, 1));
+    ASSERT_NO_THROW(engine.check_invariants());
+  }
+  void* shared = engine.malloc(300 * MiB, 0);
+  engine.record_stream(shared, 1);
+  engine.free(shared);
+  ASSERT_NO_THROW(engine.check_invariants());
+  for (void* p : other) engine.free(p);
+  device.complete_stream(1);
+  ASSERT_NO_THROW(engine.check_invariants());
+  // Back on stream 0, under a limit that forces stitching from the pages stream 1 left.
+  engine.set_memory_limit(2 * GiB);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<void*> live;
+    for (std::size_t size : step) live.push_back(engine.malloc(size, 0));
+    ASSERT_NO_THROW(engine.check_invariants());
+    for (void* p : live) engine.free(p);
+    ASSERT_NO_THROW(engine.check_invariants());
+    device.complete_stream(0);
+  }
+  const MemoryStats st = engine.detailed_stats();
+  EXPECT_EQ(st.allocated_bytes[kAllPools].current, 0);
+  EXPECT_GE(st.largest_free_range, static_cast<std::int64_t>(300 * MiB));
+  device.complete_stream(1);
+  engine.empty_cache();
+  ASSERT_NO_THROW(engine.check_invariants());
+  EXPECT_EQ(device.chunk_bytes(), 0u);
+}
+
 // A training step in miniature: parameters live throughout; each layer's forward keeps an
 // activation for backward and makes a short-lived temporary; backward frees in reverse.
 void training_step(Engine& engine, std::size_t tokens) {
