@@ -149,11 +149,17 @@ Diagnosis diagnose(const CauseEvidence& e) {
     if (over) d.evidence += ", more than the " + bytes(shortfall) + " the request was short";
     else if (failed) d.evidence += "; " + needs + ", which fits under " + where;
     d.advice.push_back(graph ? graph_fix(top) : leak_fix(top));
-    for (std::size_t i = 0, more = 0; i < e.leaks.size() && more < 2; ++i) {
-      if (&e.leaks[i] == &top) continue;
-      d.advice.push_back(is_graph(e.leaks[i]) ? graph_fix(e.leaks[i]) : leak_fix(e.leaks[i]));
-      ++more;
+    // The other sites in one line: their fix is the same sentence.
+    std::string others;
+    std::size_t listed = 0;
+    for (const LeakFinding& leak : e.leaks) {
+      if (&leak == &top || listed == 3) continue;
+      others += std::string(listed++ ? ", " : "") + leak.site + " (+" + bytes(leak.bytes_per_step) +
+                " a step" + (is_graph(leak) ? ", with its graph)" : ")");
     }
+    if (listed < e.leaks.size() - 1)
+      others += " and " + std::to_string(e.leaks.size() - 1 - listed) + " more";
+    if (listed > 0) d.advice.push_back("Also kept across steps: " + others + ".");
     d.advice.push_back(graph ? "To keep outputs on purpose, keep out.detach() (or out.cpu()): the "
                                "values stay, their graph goes."
                              : "If the kept tensors are meant to stay (a cache, an EMA of weights), "
