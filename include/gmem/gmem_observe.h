@@ -14,7 +14,6 @@
 #define GMEM_GMEM_OBSERVE_H
 
 #include <stddef.h>
-#include <stdint.h>
 
 #include "gmem/gmem.h"
 
@@ -71,7 +70,7 @@ gmem_status_t gmem_annotate(const char* text);
  * error. Leak detection reports a saved block that is still live steps later as a graph kept
  * alive. gmem_graph_backward: a backward pass ran (any device); OOM reports and gmem_leaks then
  * advise .item()/.detach() for a kept graph instead of torch.no_grad(). */
-int gmem_graph_saved(int device, uintptr_t ptr, int saved);
+int gmem_graph_saved(int device, const void* ptr, int saved);
 gmem_status_t gmem_graph_backward(void);
 
 /* A snapshot of `device` now: gmem's JSON (docs/snapshot-schema.md), or the pickle that

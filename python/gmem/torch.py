@@ -261,28 +261,31 @@ def track_graphs():
     mark = observe._c().gmem_graph_saved
     backward_seen = [False]
 
-    def block_of(tensor):
+    # The hooks run for every saved tensor (hundreds a step), so they are kept to a few calls: the
+    # storage's start from the tensor's own pointer (untyped_storage() makes an object), and the C
+    # function called through a void* prototype (the cheapest ctypes conversion).
+    def mark_block(tensor, saved):
         device = tensor.get_device()
         if device < 0:
-            return None
+            return
         try:
-            return device, tensor.untyped_storage().data_ptr()
+            ptr = tensor.data_ptr()
+            offset = tensor.storage_offset()
+            if offset:
+                ptr -= offset * tensor.element_size()
         except (RuntimeError, NotImplementedError, TypeError):
-            return None  # sparse or subclass tensors without one storage
+            return  # sparse or subclass tensors without one storage
+        mark(device, ptr, saved)
 
     def pack(tensor):
-        block = block_of(tensor)
-        if block is not None:
-            mark(block[0], block[1], 1)
+        mark_block(tensor, 1)
         return tensor
 
     def unpack(tensor):
         if not backward_seen[0]:
             backward_seen[0] = True
             _lib.check(observe._c().gmem_graph_backward())
-        block = block_of(tensor)
-        if block is not None:
-            mark(block[0], block[1], 0)
+        mark_block(tensor, 0)
         return tensor
 
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)

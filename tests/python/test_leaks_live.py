@@ -28,20 +28,20 @@ class SavedTensorsHooks:
 sys.modules["torch"] = types.SimpleNamespace(
     autograd=types.SimpleNamespace(graph=types.SimpleNamespace(saved_tensors_hooks=SavedTensorsHooks)))
 
-class Storage:
-    def __init__(self, ptr):
-        self.ptr = ptr
-    def data_ptr(self):
-        return self.ptr
-
 class CudaTensor:
-    # A tensor on device 0 whose storage is a block gmem allocated.
-    def __init__(self, ptr):
-        self.ptr = ptr
+    # A tensor on device 0 whose storage is a block gmem allocated (a view `offset` elements in).
+    def __init__(self, ptr, offset=0):
+        self.ptr, self.offset = ptr, offset
     def get_device(self):
         return 0
-    def untyped_storage(self):
-        return Storage(self.ptr)
+    def data_ptr(self):
+        return self.ptr + 4 * self.offset
+    def storage_offset(self):
+        return self.offset
+    def element_size(self):
+        return 4
+    def view(self, offset):
+        return CudaTensor(self.ptr, offset)
 
 def autograd_saves(tensor):
     # What autograd does when an operation saves a tensor for backward, under the hooks.
@@ -140,7 +140,7 @@ outputs, cache = [], []
 for i in range(12):
     gmem.set_frames([("infer.py", 21, "forward")])
     activation = CudaTensor(gmem.malloc(6 << 20))
-    saved = autograd_saves(activation)        # the next layer saves its input
+    saved = autograd_saves(activation.view(1024))  # the next layer saves a view of it
     outputs.append((gmem.malloc(1 << 20), saved))
     gmem.set_frames([("cache.py", 5, "remember")])
     cache.append(gmem.malloc(1 << 20))        # a cache of plain tensors, kept on purpose
