@@ -33,6 +33,7 @@ struct SnapshotBlock {
   std::uint64_t step = 0;
   std::string scope;
   FramesId frames = 0;
+  bool saved_for_backward = false;  // graph tracking: saved for a backward pass not yet run
 };
 
 struct SnapshotSegment {
@@ -52,6 +53,7 @@ struct Snapshot {
   bool tracking = false;  // a tracker contributed ids, scopes, frames and history
   std::uint64_t step = 0;
   std::uint64_t dropped_events = 0;
+  bool backward_runs = false;  // graph tracking saw a backward pass
   std::vector<SnapshotSegment> segments;  // by address
   std::vector<HistoryEvent> history;      // oldest first
   std::map<FramesId, std::vector<Frame>> frames;  // every frames id the blocks and history use

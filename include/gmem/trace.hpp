@@ -42,6 +42,10 @@ struct Trace {
   // START of a recurring PyTorch annotation), as times; ascending.
   std::vector<std::int64_t> steps_us;
   std::string steps_source;  // where they came from ("gmem.step() markers", ...); "" when none
+  // Graph tracking, from gmem's snapshots ('gmem_graphs'): the blocks live at the end that hold
+  // tensors saved for a backward pass not yet run, and whether the program ran backward at all.
+  std::vector<std::uint64_t> saved_for_backward;
+  bool backward_runs = false;
 };
 
 // Bounds on what reading one trace may cost, so that a hostile or broken file (a gzip bomb, a

@@ -89,6 +89,7 @@ struct LiveAllocation {
   std::uint64_t step = 0;       // the tracker's step counter when allocated
   ScopeId scope = 0;
   FramesId frames = 0;
+  bool saved_for_backward = false;  // holds a tensor saved for a backward pass not yet run
 };
 
 struct HistoryEvent {
@@ -114,6 +115,7 @@ struct TrackerState {
   std::uint64_t allocations = 0;     // allocations tracked so far
   std::uint64_t dropped_events = 0;  // history events overwritten by newer ones
   std::uint64_t untracked_frees = 0; // frees of blocks allocated before tracking began
+  bool backward_runs = false;        // note_backward() was called: the program runs backward
   std::optional<OomInfo> last_oom;
 };
 

@@ -137,6 +137,9 @@ LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
     detector.on_alloc(e.addr, e.size, it->second.first, e.time_us, it->second.second);
   }
   for (; next < boundaries.size(); ++next) detector.on_step(step_time(next));  // markers at the end
+  // Graph tracking's state at the snapshot (gmem's snapshots): blocks saved for a backward pass.
+  if (trace.backward_runs) detector.on_backward();
+  for (std::uint64_t addr : trace.saved_for_backward) detector.on_saved(addr, true);
   report.leaks = detector.findings();
   return report;
 }

@@ -230,6 +230,27 @@ void read_step_markers(const Value& annotations, Trace& trace) {
   trace.steps_us = std::move(steps);
 }
 
+// gmem's graph tracking ('gmem_graphs', src/tracking/snapshot_pickle.cpp): {'backward_runs':
+// bool, 'saved_for_backward': [address, ...]}.
+void read_graphs(const Value& graphs, Trace& trace) {
+  const auto bad = [&](const std::string& what) {
+    throw BadInputError(trace.path, 0, "snapshot's 'gmem_graphs' " + what);
+  };
+  if (!graphs.is_dict()) bad(std::string("is a ") + graphs.kind_name() + ", not a dict");
+  if (const Value* runs = graphs.get("backward_runs")) {
+    if (runs->kind() != Value::Kind::boolean) bad("has a 'backward_runs' that is not a bool");
+    trace.backward_runs = runs->as_bool();
+  }
+  if (const Value* saved = graphs.get("saved_for_backward")) {
+    if (!saved->is_sequence()) bad("has a 'saved_for_backward' that is not a list");
+    for (const Value& addr : saved->as_list()) {
+      if (!addr.is_int() || addr.as_int() < 0)
+        bad("lists an address that is not a non-negative int");
+      trace.saved_for_backward.push_back(static_cast<std::uint64_t>(addr.as_int()));
+    }
+  }
+}
+
 }  // namespace
 
 void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits& limits) {
@@ -252,6 +273,7 @@ void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits
   }
   if (const Value* annotations = root.get("external_annotations"))
     read_step_markers(*annotations, trace);
+  if (const Value* graphs = root.get("gmem_graphs")) read_graphs(*graphs, trace);
   // Several devices: one timeline (addresses are unique across devices under unified addressing).
   if (devices_with_events > 1)
     std::stable_sort(trace.events.begin(), trace.events.end(),

@@ -46,6 +46,7 @@ std::vector<SnapshotBlock> final_blocks(const SnapshotInput& input) {
       b.step = a.step;
       b.scope = a.scope != 0 ? scopes::path(a.scope) : std::string();
       b.frames = a.frames;
+      b.saved_for_backward = a.saved_for_backward;
       out.push_back(std::move(b));
     }
   }
@@ -108,6 +109,7 @@ Snapshot make_snapshot(const SnapshotInput& input) {
     s.tracking = true;
     s.step = t->step;
     s.dropped_events = t->dropped_events;
+    s.backward_runs = t->backward_runs;
     s.history = t->history;
   }
   const Pages pages{std::max<std::size_t>(input.granularity, 1)};
@@ -158,6 +160,7 @@ std::string snapshot_json(const Snapshot& s) {
   j.field("memory_limit", s.memory_limit);
   j.key("tracking").begin_object();
   j.field("enabled", s.tracking).field("step", s.step).field("dropped_events", s.dropped_events);
+  j.field("backward_runs", s.backward_runs);
   j.end_object();
   j.key("stats").begin_object();
   for (const auto& [name, value] : s.stats.flatten()) j.field(name, value);
@@ -183,6 +186,7 @@ std::string snapshot_json(const Snapshot& s) {
         j.field("requested_size", b.requested).field("stream", b.stream);
         j.field("id", b.id).field("step", b.step).field("time_ns", b.time_ns);
         j.field("scope", b.scope).field("frames", b.frames);
+        j.field("saved_for_backward", b.saved_for_backward);
       }
       j.end_object();
     }

@@ -4,7 +4,8 @@
 //                  'frames', 'blocks': [{'address', 'size', 'requested_size', 'state', 'frames'}]}],
 //    'device_traces': [[{'action', 'addr', 'size', 'stream', 'time_us', 'compile_context',
 //                        'user_metadata', 'frames'}]],   (one list per device index)
-//    'allocator_settings': {...}, 'external_annotations': [{'device', 'time_us', 'name', ...}]}
+//    'allocator_settings': {...}, 'external_annotations': [{'device', 'time_us', 'name', ...}],
+//    'gmem_graphs': {'backward_runs', 'saved_for_backward': [address, ...]}}   (when tracked)
 //
 // gmem's mapped ranges behave like PyTorch's expandable segments, so maps and unmaps become
 // 'segment_map' / 'segment_unmap'; a free becomes the 'free_requested' + 'free_completed' pair
@@ -37,6 +38,10 @@ class SnapshotPickler {
     allocator_settings();
     p_.key("external_annotations");
     annotations();
+    if (s_.tracking) {
+      p_.key("gmem_graphs");
+      graphs();
+    }
     p_.end_dict();
     return p_.finish();
   }
@@ -153,6 +158,21 @@ class SnapshotPickler {
       p_.end_dict();
     }
     p_.end_list();
+  }
+
+  // Graph tracking (gmem.torch.track_graphs): the live blocks saved for a backward pass not yet
+  // run, and whether the program runs backward at all, for `gmem leaks` to tell a graph kept
+  // alive. PyTorch's readers ignore the key.
+  void graphs() {
+    p_.begin_dict();
+    p_.key("backward_runs").boolean(s_.backward_runs);
+    p_.key("saved_for_backward");
+    p_.begin_list();
+    for (const SnapshotSegment& seg : s_.segments)
+      for (const SnapshotBlock& b : seg.blocks)
+        if (b.allocated && b.saved_for_backward) p_.unsigned_integer(b.address);
+    p_.end_list();
+    p_.end_dict();
   }
 
   // Each (frames, scope) list is written once and referenced after that, as Python would for a

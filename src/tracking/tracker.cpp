@@ -4,6 +4,7 @@
 #include "gmem/tracker.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
@@ -161,6 +162,7 @@ class Tracker::Impl {
       out.allocations = log_.next_id_;
       out.dropped_events = log_.ring_.dropped();
       out.untracked_frees = log_.untracked_frees_;
+      out.backward_runs = backward_runs_.load(std::memory_order_relaxed);
       out.last_oom = log_.last_oom_;
     }
     const detail::TickClock clock = detail::TickClock::make();
@@ -170,7 +172,8 @@ class Tracker::Impl {
     for (const auto& [key, r] : live)
       out.live.push_back(LiveAllocation{key, r.tag.id, r.size, r.requested, r.stream,
                                         clock.wall_ns(r.tag.tick), r.tag.step, r.tag.scope,
-                                        r.tag.frames});
+                                        r.tag.frames,
+                                        (r.tag.flags & detail::kSavedForBackward) != 0});
     out.history.reserve(events.size());
     for (const detail::RawEvent& e : events) {
       HistoryEvent h;
@@ -229,6 +232,7 @@ class Tracker::Impl {
   };
   std::unordered_map<std::uintptr_t, Fed> fed_;  // what leaks_ holds, by address
   std::uint64_t fed_watermark_ = 0;  // ids up to this were looked at by the last step
+  std::atomic<bool> backward_runs_{false};  // note_backward() was called
 };
 
 Tracker::Tracker(Engine& engine, TrackerOptions options)
@@ -254,6 +258,7 @@ bool Tracker::mark_saved(std::uintptr_t addr, bool saved) {
 }
 
 void Tracker::note_backward() {
+  impl_->backward_runs_.store(true, std::memory_order_relaxed);
   std::lock_guard lock(impl_->detector_mutex_);
   impl_->leaks_.on_backward();
 }

@@ -191,7 +191,8 @@ class SnapshotPickleTest(ObserveTestCase):
             with open(path, "rb") as f:
                 d = pickle.load(f)
         self.assertEqual(set(d), {"segments", "device_traces", "allocator_settings",
-                                  "external_annotations"})
+                                  "external_annotations", "gmem_graphs"})
+        self.assertEqual(d["gmem_graphs"], {"backward_runs": False, "saved_for_backward": []})
         blocks = {b["address"]: b for s in d["segments"] for b in s["blocks"]}
         self.assertEqual(blocks[p]["state"], "active_allocated")
         self.assertEqual(blocks[p]["frames"][-1],

@@ -32,16 +32,21 @@ void pause() { std::this_thread::sleep_for(std::chrono::microseconds(300)); }
 
 // A loop of `steps` steps in scope "model.1", each keeping `kept` bytes and freeing a temporary,
 // then half a step more (after the last marker), written as gmem's snapshot pickle.
-std::string leaking_snapshot(std::size_t steps, std::size_t kept) {
+// With `graphs`, each kept block is marked as saved for a backward pass (graph tracking), and
+// with `backward` the program is seen running one.
+std::string leaking_snapshot(std::size_t steps, std::size_t kept, bool graphs = false,
+                             bool backward = false) {
   SimulatedDevice device(SimDeviceOptions{std::size_t{8} << 30});
   Engine engine(device);
   Tracker tracker(engine);
+  if (backward) tracker.note_backward();
   std::vector<void*> live;
   for (std::size_t i = 0; i <= steps; ++i) {
     {
       Scope scope("model.1");
       void* temp = engine.malloc(8 * MiB, 0);
       live.push_back(engine.malloc(kept, 0));
+      if (graphs) EXPECT_TRUE(tracker.mark_saved(reinterpret_cast<std::uintptr_t>(live.back()), true));
       engine.free(temp);
     }
     pause();
@@ -73,6 +78,28 @@ TEST(LeaksInGmemSnapshots, UseTheStepMarkers) {
   EXPECT_NE(text.find(" ms into the trace"), std::string::npos) << text;  // not epoch microseconds
   EXPECT_GE(r.leaks[0].first_seen_us, r.start_us);
   EXPECT_LT(r.leaks[0].first_seen_us - r.start_us, 10'000'000);
+}
+
+TEST(LeaksInGmemSnapshots, CarryGraphTracking) {
+  // Inference keeping its outputs: the snapshot says which blocks were saved for backward, and
+  // `gmem leaks` calls it a graph kept alive, with the fix for inference.
+  const trace::Trace t = trace::read_trace(leaking_snapshot(12, 3 * MiB, true));
+  EXPECT_FALSE(t.backward_runs);
+  EXPECT_EQ(t.saved_for_backward.size(), 13u);
+  const LeakReport r = find_leaks(t);
+  ASSERT_EQ(r.leaks.size(), 1u);
+  EXPECT_GT(r.leaks[0].graph_bytes, 0);
+  const std::string text = format_leaks(r);
+  EXPECT_NE(text.find("cause: graph kept alive"), std::string::npos) << text;
+  EXPECT_NE(text.find("Run inference under torch.no_grad()"), std::string::npos) << text;
+  EXPECT_NE(leaks_json(r).find("\"graph_bytes\":"), std::string::npos);
+  // A program that runs backward: the fix is .item()/.detach().
+  const LeakReport kept = find_leaks(trace::read_trace(leaking_snapshot(12, 3 * MiB, true, true)));
+  EXPECT_NE(format_leaks(kept).find("Keep loss.item() or tensor.detach()"), std::string::npos);
+  // Without graph tracking's marks, the same loop is a plain leak.
+  const trace::Trace plain = trace::read_trace(leaking_snapshot(12, 3 * MiB));
+  EXPECT_TRUE(plain.saved_for_backward.empty());
+  EXPECT_NE(format_leaks(find_leaks(plain)).find("cause: leak:"), std::string::npos);
 }
 
 TEST(LeaksInGmemSnapshots, WithoutALeakTheMarkersStillCount) {
