@@ -64,13 +64,14 @@ gmem_status_t gmem_step(void);
 gmem_status_t gmem_annotate(const char* text);
 
 /* Autograd graphs (PyTorch's saved-tensor hooks call these; gmem.torch.track_graphs()). The block
- * that starts at `ptr` on `device` holds a tensor saved for a backward pass (saved = 1), or the
- * backward pass has used it (saved = 0). Returns 1 when `ptr` is a tracked block, 0 when it is
- * not (untracked device, a block allocated before tracking, another allocator's memory), -1 on
- * error. Leak detection reports a saved block that is still live steps later as a graph kept
+ * that starts at `ptr` holds a tensor saved for a backward pass (saved = 1), or the backward pass
+ * has used it (saved = 0); its device is the one whose engine handed it out. Returns 1 when `ptr`
+ * is a tracked block, 0 when it is not (host memory, another allocator's, an untracked device, a
+ * block allocated before tracking), -1 on error; nothing is created for a pointer gmem does not
+ * know. Leak detection reports a saved block that is still live steps later as a graph kept
  * alive. gmem_graph_backward: a backward pass ran (any device); OOM reports and gmem_leaks then
  * advise .item()/.detach() for a kept graph instead of torch.no_grad(). */
-int gmem_graph_saved(int device, const void* ptr, int saved);
+int gmem_graph_saved(const void* ptr, int saved);
 gmem_status_t gmem_graph_backward(void);
 
 /* A snapshot of `device` now: gmem's JSON (docs/snapshot-schema.md), or the pickle that

@@ -48,7 +48,7 @@ _PROTOTYPES = {
     "gmem_restore_frames": (_status, [ctypes.c_uint32]),
     "gmem_step": (_status, []),
     "gmem_annotate": (_status, [ctypes.c_char_p]),
-    "gmem_graph_saved": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]),
+    "gmem_graph_saved": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
     "gmem_graph_backward": (_status, []),
     "gmem_snapshot_json": (_status, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _size_p]),
     "gmem_snapshot_pickle": (_status, [ctypes.c_int, ctypes.c_char_p]),

@@ -263,11 +263,9 @@ def track_graphs():
 
     # The hooks run for every saved tensor (hundreds a step), so they are kept to a few calls: the
     # storage's start from the tensor's own pointer (untyped_storage() makes an object), and the C
-    # function called through a void* prototype (the cheapest ctypes conversion).
+    # function called through a void* prototype (the cheapest ctypes conversion), which finds the
+    # device from the pointer and ignores host memory.
     def mark_block(tensor, saved):
-        device = tensor.get_device()
-        if device < 0:
-            return
         try:
             ptr = tensor.data_ptr()
             offset = tensor.storage_offset()
@@ -275,7 +273,7 @@ def track_graphs():
                 ptr -= offset * tensor.element_size()
         except (RuntimeError, NotImplementedError, TypeError):
             return  # sparse or subclass tensors without one storage
-        mark(device, ptr, saved)
+        mark(ptr, saved)
 
     def pack(tensor):
         mark_block(tensor, 1)

@@ -240,10 +240,12 @@ gmem_status_t gmem_step(void) {
                      [] { gmem::capi::for_each_tracker([](gmem::Tracker& t) { t.step(); }); });
 }
 
-int gmem_graph_saved(int device, const void* ptr, int saved) {
+int gmem_graph_saved(const void* ptr, int saved) {
   int marked = -1;
   run_guarded("gmem_graph_saved", [&] {
-    gmem::Tracker* tracker = gmem::capi::slot(gmem::capi::context(device)).load(std::memory_order_acquire);
+    gmem::capi::DeviceContext* context = gmem::capi::owner(ptr);
+    gmem::Tracker* tracker =
+        context != nullptr ? gmem::capi::slot(*context).load(std::memory_order_acquire) : nullptr;
     marked = tracker != nullptr &&
                      tracker->mark_saved(reinterpret_cast<std::uintptr_t>(ptr), saved != 0) ? 1 : 0;
   });

@@ -52,6 +52,19 @@ class TrackingTest(ObserveTestCase):
         observe.enable_tracking()  # again: no change
         self.assertTrue(observe.is_tracking())
 
+    def test_graph_marks_need_the_start_of_a_tracked_block(self):
+        import ctypes
+        saved = observe._c().gmem_graph_saved
+        p = self.malloc(4 * MiB)
+        self.assertEqual(saved(p, 1), 1)
+        self.assertTrue(self.block(p)["saved_for_backward"])
+        self.assertEqual(saved(p, 0), 1)
+        self.assertFalse(self.block(p)["saved_for_backward"])
+        self.assertEqual(saved(p + 512, 1), 0, "an interior address")
+        host = ctypes.create_string_buffer(64)
+        self.assertEqual(saved(ctypes.addressof(host), 1), 0, "host memory")
+        self.assertEqual(saved(None, 1), 0)
+
     def test_counts_that_do_not_fit_size_t_are_refused(self):
         for bad in (-1, 2**64 + 16):
             with self.assertRaises(gmem.InvalidArgumentError):
