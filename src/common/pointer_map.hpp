@@ -16,7 +16,9 @@ class PointerMap {
 
   std::size_t size() const noexcept { return size_; }
 
+  // nullptr when absent; 0, the mark of an empty slot, is never a key.
   Value* find(std::uintptr_t key) noexcept {
+    if (key == 0) [[unlikely]] return nullptr;
     for (std::size_t i = index(key);; i = (i + 1) & mask()) {
       Slot& s = slots_[i];
       if (s.key == key) return &s.value;

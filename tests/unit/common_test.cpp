@@ -1,10 +1,11 @@
-// Error messages, byte formatting and the flattened statistics (PyTorch's names).
+// Error messages, byte formatting, the flattened statistics (PyTorch's names) and the pointer map.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <set>
 
 #include "gmem/error.hpp"
+#include "common/pointer_map.hpp"
 #include "gmem/stats.hpp"
 
 namespace gmem {
@@ -121,6 +122,25 @@ TEST(Stats, FlattensUnderPyTorchNames) {
                            "gmem.free_unmapped_bytes", "gmem.partial_page_bytes"}) {
     EXPECT_EQ(by_name.count(name), 1u) << name;
   }
+}
+
+}  // namespace
+}  // namespace gmem
+
+namespace gmem {
+namespace {
+
+TEST(PointerMap, FindsWhatWasInsertedAndNeverTheEmptyKey) {
+  detail::PointerMap<int> map;
+  map.insert(0x1000, 7);
+  ASSERT_NE(map.find(0x1000), nullptr);
+  EXPECT_EQ(*map.find(0x1000), 7);
+  EXPECT_EQ(map.find(0x2000), nullptr);
+  EXPECT_EQ(map.find(0), nullptr) << "0 marks an empty slot: it is never a key";
+  int taken = 0;
+  EXPECT_TRUE(map.take(0x1000, taken));
+  EXPECT_EQ(taken, 7);
+  EXPECT_EQ(map.find(0x1000), nullptr);
 }
 
 }  // namespace
