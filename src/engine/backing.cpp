@@ -362,9 +362,9 @@ void Backing::end_run(std::uint32_t index) {
         }
         unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
       }
-      const bool again = conflict && p.clashed;
-      if (conflict) p.clashed = 1;
-      const ChunkId chunk = acquire_chunk(stream, stage, again);
+      const std::uint32_t clashes_before = conflict ? p.clashes : 0;
+      if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;
+      const ChunkId chunk = acquire_chunk(stream, stage, clashes_before);
       if (chunk == kNoChunk) {
         rollback();
         return false;
@@ -432,9 +432,9 @@ void Backing::unmap_page(PageId id) {
 
 // --- chunks -------------------------------------------------------------------------------------
 
-ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before) {
+ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before) {
   if (chunks_.has_spare()) return chunks_.any_spare();
-  if (clashed_before && clash_rule_.allows_new_chunk(chunks_.held(), peak_used_))
+  if (clashes_before > 0 && clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before))
     if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
   if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {

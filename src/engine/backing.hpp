@@ -60,15 +60,23 @@ class BackingClient {
 // take turns, each laying its blocks out differently) keeps clashing: each time the clashes
 // reach half the pages in use, the share doubles, up to 1/kMinShare. (At a quarter, the warm-up
 // of llama_ckpt_varlen alone doubled it three times: 1.023 instead of 1.013; at the whole,
-// alloc_bench's churn of 1000 blocks still stitched after 100k operations.)
+// alloc_bench's churn of 1000 blocks still stitched after 100k operations.) A page that keeps
+// clashing (kRecurring times before) counts kRecurringWeight times: its layouts need more chunks
+// than the pages in use at once, and only more chunks settle them (shapes taking turns: ten
+// layouts of llama need 1.09 times its peak pages; see docs/engine.md). A warm-up, where pages
+// clash a few times each, does not reach it (llama_ckpt_varlen holds 1.013 as before).
 class ClashRule {
  public:
   static constexpr std::size_t kFirstShare = 200;
   static constexpr std::size_t kMinShare = 8;
   static constexpr std::size_t kPages = 4;
-  // A page clashed again; may it have a new chunk, with `held` chunks held now?
-  bool allows_new_chunk(std::size_t held, std::size_t peak_used) {
-    if (++clashes_ > peak_used / 2 && share_ > kMinShare) {
+  static constexpr std::uint32_t kRecurring = 7;
+  static constexpr std::size_t kRecurringWeight = 64;
+  // A page clashed again (`clashes_before` > 0 times before); may it have a new chunk, with
+  // `held` chunks held now?
+  bool allows_new_chunk(std::size_t held, std::size_t peak_used, std::uint32_t clashes_before) {
+    clashes_ += clashes_before >= kRecurring ? kRecurringWeight : 1;
+    if (clashes_ > peak_used / 2 && share_ > kMinShare) {
       share_ = std::max(kMinShare, share_ / 2);
       clashes_ = 0;
     }
@@ -197,7 +205,8 @@ class Backing {
   std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
-  ChunkId acquire_chunk(std::uint32_t stream, int& stage, bool clashed_before);
+  // clashes_before: how often the page to map had to be remapped before (Page::clashes).
+  ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before);
   ChunkId create_chunk();  // kNoChunk when the limit or the device says no
   ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
   Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }

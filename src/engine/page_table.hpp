@@ -26,9 +26,11 @@ inline constexpr ChunkId kNoChunk = ~ChunkId{0};
 
 struct Page {
   ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
-  std::uint32_t refs : 28 = 0;    // used ranges overlapping the page
+  static constexpr std::uint32_t kMaxClashes = 15;
+  std::uint32_t refs : 25 = 0;    // used ranges overlapping the page
   std::uint32_t aliased : 1 = 0;  // the chunk is mapped at other pages too (ChunkPool)
-  std::uint32_t clashed : 1 = 0;  // has had to be remapped: its chunk was busy elsewhere
+  // How many times it had to be remapped (its chunk was busy elsewhere), up to kMaxClashes.
+  std::uint32_t clashes : 4 = 0;
   std::uint32_t listed : 1 = 0;   // has an entry in the engine's FreedPages
   // In one of Backing's page runs: refs, free_seq, last_use and reuse are the run's (this
   // page's are stale), and last_use holds the run's index (backing.hpp).
