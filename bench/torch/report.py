@@ -37,16 +37,21 @@ def read_text(path):
 
 
 def unittest_counts(log):
-    """{ran, failed, skipped, ok} from unittest's closing lines, or None when it never finished."""
-    ran = re.findall(r"^Ran (\d+) tests?", log, re.M)
-    if not ran:
+    """{ran, failed, skipped, ok} summed over every unittest run in the log (gpu-check runs the
+    Python tests in two processes), or None when one never finished."""
+    runs = re.findall(r"^Ran (\d+) tests? in [\d.]+s\s*^(OK|FAILED)\b(?: \(([^)]*)\))?", log, re.M)
+    started = len(re.findall(r"^Ran \d+ tests?", log, re.M))
+    if not runs or len(runs) != started:
         return None
-    counts = dict(ran=int(ran[-1]), failed=0, skipped=0, ok=bool(re.search(r"^OK\b", log, re.M)))
-    for kind in ("failures", "errors"):
-        found = re.findall(r"%s=(\d+)" % kind, log)
-        counts["failed"] += int(found[-1]) if found else 0
-    skipped = re.findall(r"skipped=(\d+)", log)
-    counts["skipped"] = int(skipped[-1]) if skipped else 0
+    counts = dict(ran=0, failed=0, skipped=0, ok=True)
+    for ran, verdict, details in runs:
+        counts["ran"] += int(ran)
+        counts["ok"] = counts["ok"] and verdict == "OK"
+        for key, value in re.findall(r"(\w+)=(\d+)", details or ""):
+            if key in ("failures", "errors"):
+                counts["failed"] += int(value)
+            elif key == "skipped":
+                counts["skipped"] += int(value)
     return counts
 
 
