@@ -87,7 +87,7 @@ def _count(value, what):
         raise TypeError("%s must be an int, not %r" % (what, value))
     if value < 0 or value > _lib.SIZE_MAX:
         raise InvalidArgumentError("%s must be between 0 and %d, not %d"
-                                        % (what, _lib.SIZE_MAX, value))
+                                   % (what, _lib.SIZE_MAX, value))
     return int(value)
 
 

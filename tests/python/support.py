@@ -36,6 +36,15 @@ def child_env(**overrides):
     return env
 
 
+def assert_child_ok(test, code, **env_overrides):
+    """Runs `python3 -c CODE` (its own process: a fresh engine) and fails `test` unless it exits
+    with 0 after printing "ok"; returns the CompletedProcess."""
+    result = run_python(["-c", code], **env_overrides)
+    test.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+    test.assertIn("ok", result.stdout)
+    return result
+
+
 def run_python(args, timeout=120, **env_overrides):
     """Runs `python3 ARGS` and returns the CompletedProcess (text output, both streams)."""
     return subprocess.run([sys.executable] + list(args), stdout=subprocess.PIPE,

@@ -5,7 +5,7 @@ detection looks at every step the process has taken."""
 
 import unittest
 
-from support import run_python
+from support import assert_child_ok
 
 PRELUDE = r"""
 import sys
@@ -203,9 +203,7 @@ print("ok")
 
 class LiveLeaksTest(unittest.TestCase):
     def check(self, child):
-        result = run_python(["-c", child])
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertIn("ok", result.stdout)
+        assert_child_ok(self, child)
 
     def test_watch_optimizer_marks_steps_and_leaks_finds_the_kept_losses(self):
         self.check(OPTIMIZER_CHILD)

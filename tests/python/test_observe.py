@@ -10,7 +10,7 @@ import tempfile
 import threading
 import unittest
 
-from support import MiB, run_python
+from support import MiB, assert_child_ok, run_python
 
 import gmem
 from gmem import observe
@@ -249,9 +249,7 @@ print("ok")
 
 class OomReportTest(unittest.TestCase):
     def test_report_in_the_error_and_afterwards(self):
-        result = run_python(["-c", OOM_CHILD])
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertIn("ok", result.stdout)
+        assert_child_ok(self, OOM_CHILD)
 
     def test_report_can_stay_out_of_the_message(self):
         child = OOM_CHILD.replace('assert "cause: live memory" in message, message',
@@ -299,9 +297,7 @@ print("ok")
 
 class LeakOomTest(unittest.TestCase):
     def test_a_leak_under_a_cap_is_blamed_first(self):
-        result = run_python(["-c", LEAK_OOM_CHILD])
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertIn("ok", result.stdout)
+        assert_child_ok(self, LEAK_OOM_CHILD)
 
 
 # --- track_modules with stand-ins for torch.nn.Module and torch.Tensor --------------------------
