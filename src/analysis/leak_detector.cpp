@@ -99,12 +99,12 @@ class LeakDetector::Impl {
   std::vector<LeakFinding> findings() const {
     std::vector<LeakFinding> out;
     std::vector<std::int64_t> step_growth;
-    std::unordered_map<std::uint32_t, std::size_t> index;  // site id -> its finding
+    std::vector<std::size_t> index(sites_.size(), kNoFinding);  // site id -> its finding
     for (std::uint32_t id = 0; id < sites_.size(); ++id) {
       LeakFinding finding;
       std::int64_t growth = 0;
       if (judge(sites_[id], finding, growth)) {
-        index.emplace(id, out.size());
+        index[id] = out.size();
         finding.backward_runs = backward_runs_;
         out.push_back(std::move(finding));
         step_growth.push_back(growth);
@@ -139,7 +139,8 @@ class LeakDetector::Impl {
   // One pass over the live blocks for every finding: its sample, the oldest live block of the
   // leak (allocated in a step the trend covers, and no larger than a step's growth: a one-off
   // workspace allocated in the same step is not the leak), and its bytes saved for a backward.
-  void fill_samples(const std::unordered_map<std::uint32_t, std::size_t>& index,
+  static constexpr std::size_t kNoFinding = ~std::size_t{0};
+  void fill_samples(const std::vector<std::size_t>& index,
                     const std::vector<std::int64_t>& step_growth,
                     std::vector<LeakFinding>& findings) const {
     if (findings.empty()) return;
@@ -149,13 +150,13 @@ class LeakDetector::Impl {
     };
     std::vector<Oldest> oldest(findings.size());
     for (const auto& [addr, block] : live_) {
-      const auto it = index.find(block.site);
-      if (it == index.end()) continue;
-      LeakFinding& finding = findings[it->second];
+      const std::size_t k = index[block.site];
+      if (k == kNoFinding) continue;
+      LeakFinding& finding = findings[k];
       if (block.step < finding.first_step || block.step + 2 > step_) continue;  // not kept (yet)
       if (block.saved) finding.graph_bytes += static_cast<std::int64_t>(block.size);
-      if (static_cast<std::int64_t>(block.size) > step_growth[it->second]) continue;
-      Oldest& o = oldest[it->second];
+      if (static_cast<std::int64_t>(block.size) > step_growth[k]) continue;
+      Oldest& o = oldest[k];
       if (!o.block || block.time_us < o.block->time_us ||
           (block.time_us == o.block->time_us && addr < o.addr))
         o = Oldest{&block, addr};
