@@ -128,20 +128,23 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
         record["cap_bytes"] = int(cap_bytes)
     times, loss = [], None
     maps_after_warmup = None
+    step_maps, maps_before = [], 0
     i = None
     try:
         step = STEPS[model](torch, warmup, steps)
         warmup = record["warmup"] = getattr(step, "warmup", warmup)
         for i in range(warmup + steps):
             if uses_gmem and i == warmup:
-                import gmem
-
-                maps_after_warmup = gmem.memory_stats().get("gmem.num_maps", 0)
+                maps_after_warmup = gmem.memory_stat("gmem.num_maps")
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             loss = step(i)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+            if uses_gmem:  # device maps in each step, outside the timing: does the layout settle?
+                maps_now = gmem.memory_stat("gmem.num_maps")
+                step_maps.append(maps_now - maps_before)
+                maps_before = maps_now
     except Exception as e:  # an OOM is the run's result; anything else fails the run
         if not is_oom(torch, e):
             raise
@@ -149,8 +152,12 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
         record.update(oom=True, oom_step=i, oom_message=first[:300])
     timed = times[warmup:]
     if timed and "oom" not in record:
+        # Every allocator runs the same steps (llama: the same lengths in the same order), so the
+        # timed steps' total compares them where the median of steps of different lengths does not.
         record.update(median_ms=round(statistics.median(timed) * 1e3, 2),
-                      min_ms=round(min(timed) * 1e3, 2), max_ms=round(max(timed) * 1e3, 2))
+                      min_ms=round(min(timed) * 1e3, 2), max_ms=round(max(timed) * 1e3, 2),
+                      total_ms=round(sum(timed) * 1e3, 1),
+                      step_ms=[round(t * 1e3, 1) for t in timed])
     record.update(steps_done=len(times), loss=round(float(loss), 4) if loss is not None else None,
                   peak_allocated=torch.cuda.max_memory_allocated(),
                   peak_reserved=torch.cuda.max_memory_reserved(), s=round(time.time() - start, 1))
@@ -161,10 +168,12 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
 
         stats = gmem.memory_stats()
         record.update(maps=stats.get("gmem.num_maps"), stitches=stats.get("gmem.num_stitches"),
+                      stream_waits=stats.get("num_sync_all_streams"),
                       device_allocs=stats.get("num_device_alloc"),
                       alloc_retries=stats.get("num_alloc_retries"))
         if maps_after_warmup is not None:
             record["maps_after_warmup"] = stats.get("gmem.num_maps", 0) - maps_after_warmup
+        record["step_maps"] = step_maps
     else:
         record["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries")
     return record
