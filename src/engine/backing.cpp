@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <type_traits>
 
 namespace gmem::detail {
@@ -40,8 +39,6 @@ Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
                                             std::to_string(granularity_));
   page_shift_ = std::countr_zero(granularity_);
   device_total_ = device.mem_info().total;
-  if (const char* e = std::getenv("GMEM_LANE_MIN_MIB")) lane_min_bytes_ = std::size_t(std::atoll(e)) << 20;
-  if (const char* e = std::getenv("GMEM_LANE_MAX")) lane_max_ = std::size_t(std::atoll(e));
 }
 
 Backing::~Backing() {
@@ -91,7 +88,7 @@ bool Backing::in_arenas(DevicePtr ptr) const {
   return false;
 }
 
-std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes, bool shared) {
+std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
   const std::size_t size =
       std::max(arena_size_, (min_bytes + granularity_ - 1) / granularity_ * granularity_);
   DevicePtr base = 0;
@@ -113,7 +110,7 @@ std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes, bool s
     throw;
   }
   const auto index = static_cast<std::uint32_t>(arenas_.size() - 1);
-  if (shared) streams_.arenas(si).push_back(index);
+  streams_.arenas(si).push_back(index);
   return index;
 }
 
@@ -141,46 +138,7 @@ bool Backing::page_ready(std::uint32_t arena, std::size_t index, const Page& pag
   return true;
 }
 
-std::uint32_t Backing::lane_arena(std::uint32_t si, std::size_t bytes) {
-  const auto key = std::make_pair(si, bytes);
-  if (auto it = lane_of_.find(key); it != lane_of_.end()) {
-    lanes_[it->second].last_use = clock_;
-    return lanes_[it->second].arena;
-  }
-  if (lanes_per_stream_.size() <= si) lanes_per_stream_.resize(si + 1, 0);
-  std::uint32_t chosen = ~0u;
-  if (lanes_per_stream_[si] < lane_max_) {
-    const std::uint32_t a = add_arena(si, bytes, false);
-    lanes_.push_back({si, bytes, a, clock_});
-    ++lanes_per_stream_[si];
-    chosen = static_cast<std::uint32_t>(lanes_.size() - 1);
-  } else {  // the empty lane of this stream used least recently
-    std::uint32_t oldest = 0;
-    for (std::uint32_t l = 0; l < lanes_.size(); ++l) {
-      const Lane& lane = lanes_[l];
-      if (lane.stream != si) continue;
-      const RangeAllocator& r = arenas_[lane.arena]->ranges;
-      const RangeNode& n = r.node(r.first());
-      if (!n.free || n.size != r.size()) continue;
-      const std::uint32_t age = clock_ - lane.last_use;
-      if (chosen == ~0u || age > oldest) chosen = l, oldest = age;
-    }
-    if (chosen == ~0u) return ~0u;
-    lane_of_.erase(std::make_pair(si, lanes_[chosen].bytes));
-    lanes_[chosen].bytes = bytes;
-    lanes_[chosen].last_use = clock_;
-  }
-  lane_of_.emplace(key, chosen);
-  return lanes_[chosen].arena;
-}
-
 Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
-  if (lane_min_bytes_ && bytes >= lane_min_bytes_) {
-    if (const std::uint32_t a = lane_arena(si, bytes); a != ~0u) {
-      // Blocks of one size stack from the lane's bottom; a freed slot fits the next exactly.
-      if (const NodeId node = arenas_[a]->ranges.find(bytes); node != kNoNode) return {a, node, 0};
-    }
-  }
   // The best fit, at its end for the block's kind. The choice depends on the free ranges alone,
   // not on what is mapped where: a step that repeats its requests then repeats its layout, and
   // finds its pages mapped. (Preferring ranges that happen to be mapped moves the layout, and
@@ -548,16 +506,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
     }
     if (!chunk_free_for(p.chunk, stream, true)) continue;
     ++weighed;
-    std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
-    static const bool min_due = std::getenv("GMEM_STEAL_MINDUE") != nullptr;
-    if (min_due && p.aliased) {  // PROBE: the earliest due over all the chunk's aliases
-      const Chunk& c = chunks_.at(p.chunk);
-      for (std::uint32_t m = 0; m < c.maps; ++m) {
-        Page& q = page_at(c.pages[m]);
-        settle(q);
-        due = std::min(due, static_cast<std::int64_t>(static_cast<std::uint32_t>(q.last_use + q.reuse - clock_)));
-      }
-    }
+    const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
     if (best == freed_pages_.end() || due > best_due) {
       best = k;
       best_due = due;

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -181,10 +180,7 @@ class Backing {
   bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const;
   bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
-  // shared: one of the stream's arenas for any block (placed by streams_.arenas); a lane's is not.
-  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool shared = true);
-  // The lane (an arena of its own) for blocks of exactly `bytes` on stream si, or ~0u.
-  std::uint32_t lane_arena(std::uint32_t si, std::size_t bytes);
+  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes);
   std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
                                                 std::size_t bytes) const;
   bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
@@ -246,25 +242,6 @@ class Backing {
   static constexpr std::size_t kMinRunPages = 64;
   static constexpr std::uint32_t kNoRun = ~std::uint32_t{0};
   std::vector<PageRun> runs_;
-  // Size lanes (experiment): blocks of at least lane_min_bytes_ of one exact size stack in an
-  // arena of their own per stream, at most lane_max_ lanes per stream (an empty one least
-  // recently used is given to a new size; otherwise the shared arenas).
-  struct Lane {
-    std::uint32_t stream;
-    std::size_t bytes;
-    std::uint32_t arena;
-    std::uint32_t last_use;
-  };
-  struct LaneKeyHash {
-    std::size_t operator()(const std::pair<std::uint32_t, std::size_t>& k) const {
-      return std::hash<std::size_t>()(k.second * 0x9E3779B97F4A7C15ull ^ k.first);
-    }
-  };
-  std::vector<Lane> lanes_;
-  std::unordered_map<std::pair<std::uint32_t, std::size_t>, std::uint32_t, LaneKeyHash> lane_of_;
-  std::vector<std::uint32_t> lanes_per_stream_;
-  std::size_t lane_min_bytes_ = 0;  // 0: no lanes
-  std::size_t lane_max_ = 64;
   std::vector<std::uint32_t> unused_runs_;
   std::size_t live_runs_ = 0;  // none: the passes over pages need not look for runs
 };

@@ -20,10 +20,7 @@
 namespace gmem::detail {
 
 struct Chunk {
-#ifndef GMEM_MAX_MAPS
-#define GMEM_MAX_MAPS 4
-#endif
-  static constexpr int kMaxMaps = GMEM_MAX_MAPS;
+  static constexpr int kMaxMaps = 4;
   ChunkHandle handle = 0;        // 0: this slot is unused
   std::uint32_t maps = 0;        // pages it is mapped at; 0: spare (held, unmapped)
   std::array<PageId, kMaxMaps> pages{};

@@ -3,8 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <unordered_set>
 #include <filesystem>
@@ -232,66 +230,6 @@ TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
   EXPECT_LT(all - after_sixth, (after_first - before_first) / 2) << "device calls in rounds 7-14";
   EXPECT_LE(ratio_first, 1.02);
   EXPECT_LE(ratio, 1.155);
-}
-
-// Prints the shuffled rounds' device calls and reserved ratio per round (seed from
-// GMEM_ROUNDS_SEED, default 1). Not a check: run with --gtest_also_run_disabled_tests.
-TEST(Replay, DISABLED_ShapesTakingTurnsPrintRounds) {
-  const Trace t = read_trace(data_file("llama_ckpt_varlen.trace.csv.gz"));
-  const auto steps = self_contained_steps(t, "models.py:148:step");
-  Trace rounds = t;
-  rounds.events.assign(t.events.begin(), t.events.begin() + static_cast<std::ptrdiff_t>(steps.back().second));
-  std::vector<std::size_t> round_ends;
-  std::int64_t clock = rounds.events.back().time_us;
-  const char* seed = std::getenv("GMEM_ROUNDS_SEED");
-  std::mt19937 rng(seed ? static_cast<unsigned>(std::atoi(seed)) : 1u);
-  constexpr int kRounds = 14;
-  for (int round = 0; round < kRounds; ++round) {
-    auto order = steps;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (const auto& [begin, end] : order) {
-      const std::int64_t start = t.events[begin].time_us;
-      for (std::size_t i = begin; i < end; ++i) {
-        rounds.events.push_back(t.events[i]);
-        rounds.events.back().time_us = clock + (t.events[i].time_us - start);
-      }
-      clock = rounds.events.back().time_us + 1000;
-    }
-    round_ends.push_back(rounds.events.size());
-  }
-  ReplayOptions lagged;
-  lagged.lag_us = kGpuLagUs;
-  lagged.stop_at_event = steps.back().second;
-  ReplayResult r = replay(rounds, lagged);
-  std::uint64_t prev = r.creates + r.maps + r.unmaps;
-  std::printf("before rounds: calls %llu ratio %.4f\n", static_cast<unsigned long long>(prev), r.reserved_ratio());
-  for (int round = 0; round < kRounds; ++round) {
-    lagged.stop_at_event = round_ends[static_cast<std::size_t>(round)];
-    r = replay(rounds, lagged);
-    EXPECT_FALSE(r.failed) << r.failure;
-    const std::uint64_t calls = r.creates + r.maps + r.unmaps;
-    std::printf("round %2d: calls %6llu ratio %.4f creates %llu\n", round + 1,
-                static_cast<unsigned long long>(calls - prev), r.reserved_ratio(),
-                static_cast<unsigned long long>(r.creates));
-    std::fflush(stdout);
-    prev = calls;
-  }
-}
-
-// Prints a trace's device calls per tenth of its events (GMEM_TRACE, default gpt2).
-TEST(Replay, DISABLED_PrintTenths) {
-  const char* name = std::getenv("GMEM_TRACE");
-  const Trace t = read_trace(data_file(std::string(name ? name : "gpt2") + ".trace.csv.gz"));
-  ReplayOptions lagged;
-  lagged.lag_us = kGpuLagUs;
-  std::uint64_t prev = 0;
-  for (int k = 1; k <= 10; ++k) {
-    lagged.stop_at_event = k == 10 ? 0 : t.events.size() * static_cast<std::size_t>(k) / 10;
-    const ReplayResult r = replay(t, lagged);
-    const std::uint64_t calls = r.creates + r.maps + r.unmaps;
-    std::printf("tenth %2d: calls %6llu ratio %.4f\n", k, static_cast<unsigned long long>(calls - prev), r.reserved_ratio());
-    prev = calls;
-  }
 }
 
 class WrittenTrace : public ::testing::Test {
