@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 namespace gmem::detail {
@@ -42,6 +44,13 @@ Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
 }
 
 Backing::~Backing() {
+  if (std::getenv("GMEM_PLAN_STATS") && planner_.active()) {  // the experiment's figures
+    const StepPlanner::Stats& s = planner_.stats();
+    std::fprintf(stderr, "plan: plans %llu hits %llu mismatches %llu conflicts %llu extent %zu MiB\n",
+                 static_cast<unsigned long long>(s.plans), static_cast<unsigned long long>(s.hits),
+                 static_cast<unsigned long long>(s.mismatches),
+                 static_cast<unsigned long long>(s.conflicts), s.extent >> 20);
+  }
   // Give everything back, live blocks included: the engine owns the memory it handed out.
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
@@ -88,7 +97,7 @@ bool Backing::in_arenas(DevicePtr ptr) const {
   return false;
 }
 
-std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
+std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes, bool listed) {
   const std::size_t size =
       std::max(arena_size_, (min_bytes + granularity_ - 1) / granularity_ * granularity_);
   DevicePtr base = 0;
@@ -101,7 +110,7 @@ std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
   }
   try {
     arenas_.reserve(arenas_.size() + 1);
-    streams_.arenas(si).reserve(streams_.arenas(si).size() + 1);
+    if (listed) streams_.arenas(si).reserve(streams_.arenas(si).size() + 1);
     auto arena = std::make_unique<Arena>(base, size, size >> page_shift_, si);
     client_.arena_added();  // the slabs' classes for it
     arenas_.push_back(std::move(arena));
@@ -110,7 +119,7 @@ std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
     throw;
   }
   const auto index = static_cast<std::uint32_t>(arenas_.size() - 1);
-  streams_.arenas(si).push_back(index);
+  if (listed) streams_.arenas(si).push_back(index);
   return index;
 }
 
@@ -152,7 +161,7 @@ Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
   return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
 }
 
-Backing::Taken Backing::take_range(std::uint32_t si, std::size_t bytes, std::size_t requested) {
+Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::size_t requested) {
   const Placement place_at = place(si, bytes);
   RangeAllocator& ranges = arenas_[place_at.arena]->ranges;
   const NodeId node = ranges.take(place_at.node, bytes, place_at.offset);
@@ -175,9 +184,62 @@ Backing::Taken Backing::take_range(std::uint32_t si, std::size_t bytes, std::siz
   return {place_at.arena, node, ranges.node(node).addr};
 }
 
+void Backing::mark_step() {
+  if (std::getenv("GMEM_STEP_DEBUG"))  // DEBUG
+    std::fprintf(stderr, "  maps: online fresh %zu remap %zu, plan fresh %zu remap %zu; chunks %zu used %zu peak %zu\n",
+                 dbg_maps_[0][0], dbg_maps_[0][1], dbg_maps_[1][0], dbg_maps_[1][1], chunks_.held(), used_pages_, peak_used_);
+  std::fill(&dbg_maps_[0][0], &dbg_maps_[0][0] + 4, 0);
+  planner_.mark_step();
+}
+
+// A range malloc while steps are marked: at its planned offset in the plan region when the step
+// follows a plan and that range is free (it is, if the step's lifetimes repeat), else online.
+[[gnu::noinline]] Backing::Taken Backing::take_planned(std::uint32_t si, std::size_t bytes,
+                                                       std::size_t requested) {
+  if (plan_stream_ == kNoArena) plan_stream_ = si;
+  if (si != plan_stream_) return take_online(si, bytes, requested);
+  const std::size_t offset = planner_.request(bytes);
+  if (offset != StepPlanner::kOnline) {
+    if (plan_arena_ == kNoArena) plan_arena_ = add_arena(si, bytes, false);
+    RangeAllocator& ranges = arenas_[plan_arena_]->ranges;
+    const DevicePtr addr = ranges.base() + offset;
+    const NodeId free = offset + bytes <= ranges.size() ? plan_region_.free_node(ranges, addr, bytes) : kNoNode;
+    if (free != kNoNode) {
+      const NodeId node = ranges.take(free, bytes, addr - ranges.node(free).addr);
+      bool backed = false;
+      try {
+        plan_region_.add(addr, node);
+        backing_plan_ = true;
+        backed = back_pages(plan_arena_, addr, bytes);
+        backing_plan_ = false;
+      } catch (...) {
+        backing_plan_ = false;
+        plan_region_.remove(addr);
+        ranges.release(node);
+        throw;
+      }
+      if (backed) {
+        planner_.taken(addr, true);
+        return {plan_arena_, node, addr};
+      }
+      // No memory for the plan's pages: online placement may still find some (or throws).
+      plan_region_.remove(addr);
+      ranges.release(node);
+    }
+    planner_.conflict();
+  }
+  const Taken taken = take_online(si, bytes, requested);
+  planner_.taken(taken.addr, false);
+  return taken;
+}
+
 void Backing::release_range(std::uint32_t arena, NodeId node) {
   RangeAllocator& ranges = arenas_[arena]->ranges;
   const RangeNode& n = ranges.node(node);
+  if (planner_.active()) [[unlikely]] {
+    planner_.released(n.addr);
+    if (arena == plan_arena_) plan_region_.remove(n.addr);
+  }
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
   ranges.release(node);
 }
@@ -362,6 +424,7 @@ void Backing::end_run(std::uint32_t index) {
         }
         unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
       }
+      ++dbg_maps_[arena == plan_arena_][conflict];  // DEBUG
       const std::uint32_t clashes_before = conflict ? p.clashes : 0;
       if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;
       const ChunkId chunk = acquire_chunk(stream, stage, clashes_before);
@@ -505,6 +568,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
       ++accounting_.stats.num_sync_all_streams;
     }
     if (!chunk_free_for(p.chunk, stream, true)) continue;
+    if (backing_plan_ && !wait && in_plan_region(p.chunk)) [[unlikely]] continue;
     ++weighed;
     const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
     if (best == freed_pages_.end() || due > best_due) {

@@ -232,6 +232,59 @@ TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
   EXPECT_LE(ratio, 1.155);
 }
 
+// Prints the shuffled rounds of ShapesTakingTurnsSettle... per round (device calls, reserved
+// over peak allocated), without and with step marks (planned step layouts): the experiment's
+// figures for docs/engine.md. Run with --gtest_also_run_disabled_tests.
+TEST(Replay, DISABLED_PrintShuffledRounds) {
+  const Trace t = read_trace(data_file("llama_ckpt_varlen.trace.csv.gz"));
+  const auto steps = self_contained_steps(t, "models.py:148:step");
+  const int seed = std::getenv("GMEM_SEED") ? std::atoi(std::getenv("GMEM_SEED")) : 1;
+  Trace rounds = t;
+  rounds.events.assign(t.events.begin(), t.events.begin() + static_cast<std::ptrdiff_t>(steps.back().second));
+  std::vector<std::size_t> step_ends;  // the event before each marker, then each copied step's last
+  for (std::size_t i = 1; i < rounds.events.size(); ++i)
+    if (rounds.events[i].action == Action::alloc && t.frames[rounds.events[i].user_frame] == "models.py:148:step")
+      step_ends.push_back(i - 1);
+  std::vector<std::size_t> round_ends;
+  std::int64_t clock = rounds.events.back().time_us;
+  std::mt19937 rng(seed);
+  constexpr int kRounds = 14;
+  for (int round = 0; round < kRounds; ++round) {
+    auto order = steps;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (const auto& [begin, end] : order) {
+      const std::int64_t start = t.events[begin].time_us;
+      for (std::size_t i = begin; i < end; ++i) {
+        rounds.events.push_back(t.events[i]);
+        rounds.events.back().time_us = clock + (t.events[i].time_us - start);
+      }
+      clock = rounds.events.back().time_us + 1000;
+      step_ends.push_back(rounds.events.size() - 1);
+    }
+    round_ends.push_back(rounds.events.size());
+  }
+  for (const bool marks : {false, true}) {
+    ReplayOptions lagged;
+    lagged.lag_us = kGpuLagUs;
+    lagged.step_ends = step_ends;
+    lagged.mark_steps = marks;
+    std::uint64_t before = 0;
+    lagged.stop_at_event = steps.back().second;
+    before = [&] { const ReplayResult r = replay(rounds, lagged); return r.creates + r.maps + r.unmaps; }();
+    std::printf("%s (seed %d): prefix %llu calls\n", marks ? "marked" : "unmarked", seed,
+                static_cast<unsigned long long>(before));
+    for (int round = 0; round < kRounds; ++round) {
+      lagged.stop_at_event = round + 1 == kRounds ? 0 : round_ends[round];
+      const ReplayResult r = replay(rounds, lagged);
+      EXPECT_FALSE(r.failed) << r.failure;
+      const std::uint64_t calls = r.creates + r.maps + r.unmaps;
+      std::printf("  round %2d: %6llu calls, ratio %.4f\n", round + 1,
+                  static_cast<unsigned long long>(calls - before), r.reserved_ratio());
+      before = calls;
+    }
+  }
+}
+
 class WrittenTrace : public ::testing::Test {
  protected:
   void TearDown() override { std::filesystem::remove(path_); }

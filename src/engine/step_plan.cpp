@@ -1,0 +1,107 @@
+// Recording a step's range mallocs, placing them offline at its end, and serving the next
+// occurrence from the plan (step_plan.hpp says why).
+#include "engine/step_plan.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+namespace gmem::detail {
+
+std::size_t place_offline(std::vector<PlanBlock>& blocks) {
+  // Largest first: the big blocks take the bottom, the small ones fill the gaps their lifetimes
+  // leave. Each goes to the lowest offset where it overlaps (in bytes) no block already placed
+  // whose lifetime overlaps its own. O(n^2 log n): a step has a few thousand range mallocs, and
+  // a step is planned again only when it did not run its plan exactly.
+  std::vector<std::uint32_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
+    return blocks[a].start < blocks[b].start;
+  });
+  std::vector<std::uint32_t> placed;
+  placed.reserve(blocks.size());
+  std::vector<std::pair<std::size_t, std::size_t>> busy;  // [offset, end) in use meanwhile
+  std::size_t extent = 0;
+  for (const std::uint32_t i : order) {
+    PlanBlock& b = blocks[i];
+    busy.clear();
+    for (const std::uint32_t j : placed) {
+      const PlanBlock& o = blocks[j];
+      if (o.start < b.end && b.start < o.end) busy.emplace_back(o.offset, o.offset + o.size);
+    }
+    std::sort(busy.begin(), busy.end());
+    std::size_t offset = 0;
+    for (const auto& [begin, end] : busy) {
+      if (begin >= offset + b.size) break;  // the gap below `begin` holds it
+      offset = std::max(offset, end);
+    }
+    b.offset = offset;
+    extent = std::max(extent, offset + b.size);
+    placed.push_back(i);
+  }
+  return extent;
+}
+
+void StepPlanner::mark_step() {
+  if (!active_) {
+    active_ = true;  // the first mark: recording starts with the next step
+  } else if (!step_.empty() &&
+             !(plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size())) {
+    // Not the plan's step, or not exactly: plan it from what it did.
+    std::vector<PlanBlock> blocks;
+    std::vector<std::uint32_t> index;  // the ordinal of each of `blocks`
+    for (std::uint32_t k = 0; k < step_.size(); ++k) {
+      if (step_[k].end == kAlive) continue;  // long-lived: stays online
+      blocks.push_back({step_[k].size, step_[k].start, step_[k].end});
+      index.push_back(k);
+    }
+    const std::size_t extent = place_offline(blocks);
+    Plan plan;
+    plan.sizes.reserve(step_.size());
+    for (const Recorded& r : step_) plan.sizes.push_back(r.size);
+    plan.offsets.assign(step_.size(), kOnline);
+    for (std::size_t b = 0; b < blocks.size(); ++b) plan.offsets[index[b]] = blocks[b].offset;
+    plans_[step_[0].size] = std::move(plan);
+    ++stats_.plans;
+    stats_.extent = std::max(stats_.extent, extent);
+  }
+  step_.clear();
+  ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
+  clock_ = 0;
+  plan_ = nullptr;
+  exact_ = true;
+}
+
+std::size_t StepPlanner::request(std::size_t bytes) {
+  const auto ordinal = static_cast<std::uint32_t>(step_.size());
+  if (ordinal == 0) {
+    const auto it = plans_.find(bytes);
+    plan_ = it == plans_.end() ? nullptr : &it->second;
+    exact_ = plan_ != nullptr;
+  }
+  step_.push_back({bytes, clock_++, kAlive});
+  if (plan_ == nullptr) return kOnline;
+  if (ordinal >= plan_->sizes.size() || plan_->sizes[ordinal] != bytes) {
+    // The step left its plan: the rest of it goes online, and it is planned anew at its end.
+    plan_ = nullptr;
+    exact_ = false;
+    ++stats_.mismatches;
+    return kOnline;
+  }
+  return plan_->offsets[ordinal];
+}
+
+void StepPlanner::taken(DevicePtr addr, bool planned) {
+  ordinal_of_[addr] = static_cast<std::uint32_t>(step_.size() - 1);
+  stats_.hits += planned;
+}
+
+void StepPlanner::released(DevicePtr addr) {
+  const auto it = ordinal_of_.find(addr);
+  if (it == ordinal_of_.end()) return;
+  step_[it->second].end = clock_++;
+  ordinal_of_.erase(it);
+}
+
+}  // namespace gmem::detail
