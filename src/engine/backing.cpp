@@ -46,8 +46,9 @@ Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
 Backing::~Backing() {
   if (std::getenv("GMEM_PLAN_STATS") && planner_.active()) {  // the experiment's figures
     const StepPlanner::Stats& s = planner_.stats();
-    std::fprintf(stderr, "plan: plans %llu hits %llu mismatches %llu conflicts %llu extent %zu MiB\n",
-                 static_cast<unsigned long long>(s.plans), static_cast<unsigned long long>(s.hits),
+    std::fprintf(stderr, "plan: plans %llu followed %llu hits %llu mismatches %llu conflicts %llu extent %zu MiB\n",
+                 static_cast<unsigned long long>(s.plans), static_cast<unsigned long long>(s.followed),
+                 static_cast<unsigned long long>(s.hits),
                  static_cast<unsigned long long>(s.mismatches),
                  static_cast<unsigned long long>(s.conflicts), s.extent >> 20);
   }

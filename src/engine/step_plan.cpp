@@ -48,23 +48,11 @@ void StepPlanner::mark_step() {
     active_ = true;  // the first mark: recording starts with the next step
   } else if (!step_.empty() &&
              !(plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size())) {
-    // Not the plan's step, or not exactly: plan it from what it did.
-    std::vector<PlanBlock> blocks;
-    std::vector<std::uint32_t> index;  // the ordinal of each of `blocks`
-    for (std::uint32_t k = 0; k < step_.size(); ++k) {
-      if (step_[k].end == kAlive) continue;  // long-lived: stays online
-      blocks.push_back({step_[k].size, step_[k].start, step_[k].end});
-      index.push_back(k);
-    }
-    const std::size_t extent = place_offline(blocks);
-    Plan plan;
-    plan.sizes.reserve(step_.size());
-    for (const Recorded& r : step_) plan.sizes.push_back(r.size);
-    plan.offsets.assign(step_.size(), kOnline);
-    for (std::size_t b = 0; b < blocks.size(); ++b) plan.offsets[index[b]] = blocks[b].offset;
-    plans_[step_[0].size] = std::move(plan);
-    ++stats_.plans;
-    stats_.extent = std::max(stats_.extent, extent);
+    // Not the plan's step, or not exactly: keep what it did, planned when the shape comes back
+    // (most one-off shapes never do; planning costs O(n^2) in the step's blocks).
+    Shape& shape = shapes_[step_[0].size];
+    shape.record.swap(step_);
+    shape.planned = false;
   }
   step_.clear();
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
@@ -73,12 +61,37 @@ void StepPlanner::mark_step() {
   exact_ = true;
 }
 
+void StepPlanner::plan(Shape& shape) {
+  std::vector<PlanBlock> blocks;
+  std::vector<std::uint32_t> index;  // the ordinal of each of `blocks`
+  for (std::uint32_t k = 0; k < shape.record.size(); ++k) {
+    const Recorded& r = shape.record[k];
+    if (r.end == kAlive) continue;  // long-lived: stays online
+    blocks.push_back({r.size, r.start, r.end});
+    index.push_back(k);
+  }
+  const std::size_t extent = place_offline(blocks);
+  Plan& plan = shape.plan;
+  plan.sizes.clear();
+  for (const Recorded& r : shape.record) plan.sizes.push_back(r.size);
+  plan.offsets.assign(shape.record.size(), kOnline);
+  for (std::size_t b = 0; b < blocks.size(); ++b) plan.offsets[index[b]] = blocks[b].offset;
+  shape.record = {};
+  shape.planned = true;
+  ++stats_.plans;
+  stats_.extent = std::max(stats_.extent, extent);
+}
+
 std::size_t StepPlanner::request(std::size_t bytes) {
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
-    const auto it = plans_.find(bytes);
-    plan_ = it == plans_.end() ? nullptr : &it->second;
+    Shape& shape = shapes_[bytes];
+    if (++shape.steps == 2) ++recurring_shapes_;
+    if (recurring_shapes_ >= kRecurringShapes && !shape.planned && !shape.record.empty())
+      plan(shape);
+    plan_ = shape.planned && recurring_shapes_ >= kRecurringShapes ? &shape.plan : nullptr;
     exact_ = plan_ != nullptr;
+    stats_.followed += plan_ != nullptr;
   }
   step_.push_back({bytes, clock_++, kAlive});
   if (plan_ == nullptr) return kOnline;

@@ -62,6 +62,7 @@ class StepPlanner {
     std::uint64_t hits = 0;        // mallocs placed at a planned offset
     std::uint64_t mismatches = 0;  // steps whose requests left their plan
     std::uint64_t conflicts = 0;   // planned offsets found taken
+    std::uint64_t followed = 0;    // steps that began on a plan
     std::size_t extent = 0;        // the largest plan's extent
   };
   const Stats& stats() const { return stats_; }
@@ -85,8 +86,22 @@ class StepPlanner {
   const Plan* plan_ = nullptr;
   bool exact_ = true;  // the step has followed its plan so far
   // Plans by the size of their step's first range malloc (each shape's first request differs
-  // where shapes take turns: an activation's size depends on the length).
-  std::unordered_map<std::size_t, Plan> plans_;
+  // where shapes take turns: an activation's size depends on the length), with how many steps
+  // began with it.
+  struct Shape {
+    std::uint32_t steps = 0;
+    bool planned = false;
+    Plan plan;
+    std::vector<Recorded> record;  // its last step, until planned
+  };
+  void plan(Shape& shape);  // from its record
+  std::unordered_map<std::size_t, Shape> shapes_;
+  // Plans are followed only once two shapes have each come back: a single shape's online layout
+  // repeats by itself and settles (best fit depends on the free ranges alone), and moving it to
+  // the plan region would cost a remap of every page it uses, and the chunks shared between the
+  // two. Shapes that take turns are what the plans are for.
+  std::uint32_t recurring_shapes_ = 0;
+  static constexpr std::uint32_t kRecurringShapes = 2;
   Stats stats_;
 };
 
