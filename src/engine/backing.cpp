@@ -569,7 +569,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
       ++accounting_.stats.num_sync_all_streams;
     }
     if (!chunk_free_for(p.chunk, stream, true)) continue;
-    if (backing_plan_ && !wait && in_plan_region(p.chunk)) [[unlikely]] continue;
+    if (backing_plan_ && !wait && !std::getenv("GMEM_NO_FILTER") && in_plan_region(p.chunk)) [[unlikely]] continue;
     ++weighed;
     const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
     if (best == freed_pages_.end() || due > best_due) {

@@ -86,10 +86,10 @@ std::size_t StepPlanner::request(std::size_t bytes) {
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
     Shape& shape = shapes_[bytes];
-    if (++shape.steps == 2) ++recurring_shapes_;
-    if (recurring_shapes_ >= kRecurringShapes && !shape.planned && !shape.record.empty())
-      plan(shape);
-    plan_ = shape.planned && recurring_shapes_ >= kRecurringShapes ? &shape.plan : nullptr;
+    if (++shape.steps >= 2 && bytes != last_shape_) taking_turns_ = true;
+    last_shape_ = bytes;
+    if (taking_turns_ && !shape.planned && !shape.record.empty()) plan(shape);
+    plan_ = taking_turns_ && shape.planned ? &shape.plan : nullptr;
     exact_ = plan_ != nullptr;
     stats_.followed += plan_ != nullptr;
   }

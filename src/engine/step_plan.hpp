@@ -96,12 +96,11 @@ class StepPlanner {
   };
   void plan(Shape& shape);  // from its record
   std::unordered_map<std::size_t, Shape> shapes_;
-  // Plans are followed only once two shapes have each come back: a single shape's online layout
-  // repeats by itself and settles (best fit depends on the free ranges alone), and moving it to
-  // the plan region would cost a remap of every page it uses, and the chunks shared between the
-  // two. Shapes that take turns are what the plans are for.
-  std::uint32_t recurring_shapes_ = 0;
-  static constexpr std::uint32_t kRecurringShapes = 2;
+  // Plans are followed only once shapes take turns: a shape comes back after another one ran. A
+  // single shape's online layout repeats by itself and settles (best fit depends on the free
+  // ranges alone), and moving it to the plan region would cost a map of every page it uses.
+  bool taking_turns_ = false;
+  std::size_t last_shape_ = 0;  // the first request of the last step
   Stats stats_;
 };
 
