@@ -13,8 +13,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdio>
-#include <cstdlib>
 #include <type_traits>
 
 namespace gmem::detail {
@@ -44,14 +42,6 @@ Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
 }
 
 Backing::~Backing() {
-  if (std::getenv("GMEM_PLAN_STATS") && planner_.active()) {  // the experiment's figures
-    const StepPlanner::Stats& s = planner_.stats();
-    std::fprintf(stderr, "plan: plans %llu followed %llu hits %llu mismatches %llu conflicts %llu extent %zu MiB\n",
-                 static_cast<unsigned long long>(s.plans), static_cast<unsigned long long>(s.followed),
-                 static_cast<unsigned long long>(s.hits),
-                 static_cast<unsigned long long>(s.mismatches),
-                 static_cast<unsigned long long>(s.conflicts), s.extent >> 20);
-  }
   // Give everything back, live blocks included: the engine owns the memory it handed out.
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
@@ -185,14 +175,6 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
   return {place_at.arena, node, ranges.node(node).addr};
 }
 
-void Backing::mark_step() {
-  if (std::getenv("GMEM_STEP_DEBUG"))  // DEBUG
-    std::fprintf(stderr, "  maps: online fresh %zu remap %zu, plan fresh %zu remap %zu; chunks %zu used %zu peak %zu\n",
-                 dbg_maps_[0][0], dbg_maps_[0][1], dbg_maps_[1][0], dbg_maps_[1][1], chunks_.held(), used_pages_, peak_used_);
-  std::fill(&dbg_maps_[0][0], &dbg_maps_[0][0] + 4, 0);
-  planner_.mark_step();
-}
-
 // A range malloc while steps are marked: at its planned offset in the plan region when the step
 // follows a plan and that range is free (it is, if the step's lifetimes repeat), else online.
 [[gnu::noinline]] Backing::Taken Backing::take_planned(std::uint32_t si, std::size_t bytes,
@@ -210,11 +192,8 @@ void Backing::mark_step() {
       bool backed = false;
       try {
         plan_region_.add(addr, node);
-        backing_plan_ = true;
         backed = back_pages(plan_arena_, addr, bytes);
-        backing_plan_ = false;
       } catch (...) {
-        backing_plan_ = false;
         plan_region_.remove(addr);
         ranges.release(node);
         throw;
@@ -425,7 +404,6 @@ void Backing::end_run(std::uint32_t index) {
         }
         unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
       }
-      ++dbg_maps_[arena == plan_arena_][conflict];  // DEBUG
       const std::uint32_t clashes_before = conflict ? p.clashes : 0;
       if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;
       const ChunkId chunk = acquire_chunk(stream, stage, clashes_before);
@@ -569,7 +547,6 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
       ++accounting_.stats.num_sync_all_streams;
     }
     if (!chunk_free_for(p.chunk, stream, true)) continue;
-    if (backing_plan_ && !wait && !std::getenv("GMEM_NO_FILTER") && in_plan_region(p.chunk)) [[unlikely]] continue;
     ++weighed;
     const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
     if (best == freed_pages_.end() || due > best_due) {

@@ -147,7 +147,7 @@ class Backing {
   // --- planned step layouts (step_plan.hpp) -----------------------------------------------------
   // A training step ends: from now on the range mallocs of one stream (the first to make one)
   // are recorded step by step, and a step seen before takes its planned offsets.
-  void mark_step();
+  void mark_step() { planner_.mark_step(); }
   const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
 
   // --- reclaiming ---------------------------------------------------------------------------------
@@ -267,16 +267,6 @@ class Backing {
   std::uint32_t plan_stream_ = kNoArena;
   std::uint32_t plan_arena_ = kNoArena;
   PlanRegion plan_region_;
-  // While a planned block's pages are backed: a steal (unless under pressure) skips chunks
-  // mapped in the plan region already, so that each of its pages keeps a chunk of its own.
-  bool backing_plan_ = false;
-  bool in_plan_region(ChunkId chunk) const {
-    const Chunk& c = chunks_.at(chunk);
-    for (std::uint32_t k = 0; k < c.maps; ++k)
-      if (arena_of(c.pages[k]) == plan_arena_) return true;
-    return false;
-  }
-  std::size_t dbg_maps_[2][2] = {};  // DEBUG: [plan arena][remap]
 };
 
 }  // namespace gmem::detail

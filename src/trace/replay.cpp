@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <unordered_map>
 
 #include "gmem/engine.hpp"
@@ -159,20 +158,14 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
       const auto start = std::chrono::steady_clock::now();
       for (; done < end; ++done) {
         const Op& op = program.ops[done];
+        // Step ends before this op's event are marked before it (a step end is an op's event,
+        // so the mark comes right after that op).
+        while (next_mark < marks && options.step_ends[next_mark] < op.event) [[unlikely]] {
+          engine.mark_step();
+          ++next_mark;
+        }
         // The host clock follows the trace from where it stands: after a modelled wait, the
         // rest of the trace happens that much later.
-        // Steps that ended before this op's event are marked before it.
-        while (next_mark < marks && options.step_ends[next_mark] < op.event) [[unlikely]] {
-          if (!std::getenv("GMEM_NO_PLAN")) engine.mark_step();
-          ++next_mark;
-          if (std::getenv("GMEM_STEP_DEBUG")) {  // DEBUG (not for merge)
-            const DeviceCounts c = DeviceCounts::of(device);
-            const MemoryStats st = engine.stats();
-            std::fprintf(stderr, "step %zu: creates %llu maps %llu unmaps %llu reserved %.4f\n", next_mark,
-                         (unsigned long long)c.creates, (unsigned long long)c.maps, (unsigned long long)c.unmaps,
-                         double(st.reserved_bytes[kAllPools].current) / double(program.peak_allocated));
-          }
-        }
         if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
         if (op.malloc) {
           blocks[op.slot] = engine.malloc(op.size, op.stream);
