@@ -230,7 +230,10 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
   auto take = [&](std::size_t i, auto in_runs) {  // in_runs: std::true_type while runs exist
     Page& p = pages.at(i);
     if constexpr (decltype(in_runs)::value) settle(p);
-    if (p.refs++ > 0) return;  // shared with a live neighbour: its chunk is busy here already
+    if (p.refs++ > 0) {  // shared with a live neighbour: its chunk is busy here already,
+      if (p.in_flight) [[unlikely]] ready = false;  // or is being mapped by its malloc still
+      return;
+    }
     if (++used_pages_ > peak_used_) peak_used_ = used_pages_;
     p.reuse = now - p.last_use;
     p.last_use = now;
@@ -333,19 +336,53 @@ void Backing::end_run(std::uint32_t index) {
 
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
 // elsewhere, map the missing ones, then set access run by run.
+//
+// The maps and set_access calls (tens of microseconds a page on a GPU) are made with the
+// engine's lock released, so that other threads' mallocs and frees from mapped pages go on
+// meanwhile. Every decision is made under the lock, in the same order as if the calls were made
+// at once, so a single thread sees exactly what it would with the calls in place: plan_maps books
+// each map (the page's chunk, the chunk's aliases, the counts) and marks the page in flight. An
+// in-flight page holds this malloc's reference, so its chunk is busy for everyone else (never
+// stolen, trimmed or remapped) and only a block sharing the page (a neighbour at the range's
+// boundary) could use it: back_pages sends such a block here, and it waits for the landing.
+// What stays under the lock: unmaps (a failed one must leave the page's chunk where it was, and
+// another thread may have taken that chunk by then), creates (an out-of-memory changes the plan)
+// and stream waits (their progress feeds the plan's next decisions).
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
+  const auto [first, last] = page_span(arena, addr, bytes);
+  struct SlowMalloc {  // counted while the range is taken but not yet backed
+    Backing& b;
+    explicit SlowMalloc(Backing& backing) : b(backing) { ++b.slow_mallocs_; }
+    ~SlowMalloc() {
+      --b.slow_mallocs_;
+      b.client_.landed();
+    }
+  } slow(*this);
+  wait_for_landing(arena, first, last);
+  MapJob job;
+  job.arena = arena;
+  job.base = arenas_[arena]->ranges.base();
+  int stage = kFromCache;
+  if (!plan_maps(arena, addr, bytes, job, stage)) return false;
+  if (job.pages.empty()) return true;  // a neighbour's pages it waited for were all it needed
+  client_.without_lock([&] { run_job(job); });
+  land(job, addr, bytes, stage);
+  return true;
+}
+
+void Backing::wait_for_landing(std::uint32_t arena, std::size_t first, std::size_t last) {
+  // The range's interior pages are its own; a boundary page may be a neighbour's, in flight.
+  const PageTable& pages = arenas_[arena]->pages;
+  while (pages.get(first).in_flight || pages.get(last).in_flight) client_.wait_for_landing();
+}
+
+bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job,
+                        int& stage) {
   PageTable& pages = arenas_[arena]->pages;
   const auto [first, last] = page_span(arena, addr, bytes);
   const std::uint32_t stream = arenas_[arena]->stream;
-  std::vector<std::size_t> mapped_now;
-  int stage = kFromCache;
-  auto rollback = [&] {
-    for (std::size_t k = mapped_now.size(); k-- > 0;) {
-      try {
-        unmap_page(page_id(arena, static_cast<std::uint32_t>(mapped_now[k])));
-      } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
-      }
-    }
+  auto rollback = [&] {  // nothing reached the device yet
+    forget_maps(job, 0);
     unref_pages(arena, addr, bytes, streams_.progress.stamp(stream));
   };
   try {
@@ -369,36 +406,74 @@ void Backing::end_run(std::uint32_t index) {
         rollback();
         return false;
       }
-      map_page(arena, i, chunk);
-      mapped_now.push_back(i);
-    }
-    const DevicePtr base = arenas_[arena]->ranges.base();
-    for (std::size_t k = 0; k < mapped_now.size();) {  // one set_access per contiguous run
-      std::size_t end = k + 1;
-      while (end < mapped_now.size() && mapped_now[end] == mapped_now[end - 1] + 1) ++end;
-      const DevicePtr va = base + (mapped_now[k] << page_shift_);
-      const std::size_t len = (end - k) << page_shift_;
-      device_.set_access(va, len);
-      if (observer_) observer_->on_map(va, len);
-      k = end;
+      job.pages.reserve(last - i + 1);
+      job.chunks.reserve(last - i + 1);
+      job.pages.push_back(static_cast<std::uint32_t>(i));
+      job.chunks.push_back(chunks_.at(chunk).handle);
+      note_mapped(arena, i, chunk);
     }
   } catch (...) {
     rollback();
     throw;
   }
-  if (stage >= kStitched) ++accounting_.stats.num_stitches;
-  if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
   return true;
 }
 
-void Backing::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
-  const DevicePtr va = arenas_[arena]->ranges.base() + (index << page_shift_);
-  Chunk& c = chunks_.at(chunk);
-  device_.map(va, granularity_, c.handle);
+void Backing::run_job(MapJob& job) const noexcept {
+  try {
+    for (; job.mapped < job.pages.size(); ++job.mapped)
+      device_.map(job.base + (DevicePtr{job.pages[job.mapped]} << page_shift_), granularity_,
+                  job.chunks[job.mapped]);
+    job.for_each_run(job.pages.size(), [&](std::size_t k, std::size_t count) {
+      device_.set_access(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
+      job.accessible = k + count;
+    });
+  } catch (...) {
+    job.error = std::current_exception();
+  }
+}
+
+void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes, int stage) {
+  PageTable& pages = arenas_[job.arena]->pages;
+  for (const std::uint32_t i : job.pages) pages.at(i).in_flight = 0;
+  if (observer_)
+    job.for_each_run(job.accessible, [&](std::size_t k, std::size_t count) {
+      observer_->on_map(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
+    });
+  if (!job.error) [[likely]] {
+    if (stage >= kStitched) ++accounting_.stats.num_stitches;
+    if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
+    return;
+  }
+  // The device failed: what it did not map is taken back from the books, what it did is
+  // unmapped again, and the range gives its references back.
+  forget_maps(job, job.mapped);
+  for (std::size_t k = job.mapped; k-- > 0;) {
+    try {
+      unmap_page(page_id(job.arena, job.pages[k]));
+    } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
+    }
+  }
+  unref_pages(job.arena, addr, bytes, streams_.progress.stamp(arenas_[job.arena]->stream));
+  std::rethrow_exception(job.error);
+}
+
+void Backing::forget_maps(const MapJob& job, std::size_t from) {
+  PageTable& pages = arenas_[job.arena]->pages;
+  for (std::size_t k = job.pages.size(); k-- > from;) {
+    pages.at(job.pages[k]).in_flight = 0;
+    note_unmapped(page_id(job.arena, job.pages[k]));
+    --accounting_.stats.num_maps;
+  }
+}
+
+void Backing::note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk) {
   const PageId id = page_id(arena, static_cast<std::uint32_t>(index));
   Page& p = arenas_[arena]->pages.at(index);
   p.chunk = chunk;
+  p.in_flight = 1;
   chunks_.add_map(chunk, id);
+  const Chunk& c = chunks_.at(chunk);
   if (c.maps > 1)
     for (std::uint32_t k = 0; k < c.maps; ++k)
       arenas_[arena_of(c.pages[k])]->pages.at(index_of(c.pages[k])).aliased = 1;
@@ -410,11 +485,15 @@ void Backing::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
 }
 
 void Backing::unmap_page(PageId id) {
-  Arena& a = *arenas_[arena_of(id)];
-  const std::size_t index = index_of(id);
-  const DevicePtr va = a.ranges.base() + (index << page_shift_);
+  const DevicePtr va = arenas_[arena_of(id)]->ranges.base() + (DevicePtr{index_of(id)} << page_shift_);
   device_.unmap(va, granularity_);
-  Page& p = a.pages.at(index);
+  note_unmapped(id);
+  ++accounting_.stats.num_unmaps;
+  if (observer_) observer_->on_unmap(va, granularity_);
+}
+
+void Backing::note_unmapped(PageId id) {
+  Page& p = page_at(id);
   const ChunkId chunk = p.chunk;
   chunks_.remove_map(chunk, id);
   p.chunk = kNoChunk;
@@ -426,8 +505,6 @@ void Backing::unmap_page(PageId id) {
   // The alias that kept the chunk busy may have been this one: list the chunk again, through a
   // page where it stays (its earlier entries may have been dropped while it was busy).
   if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.add(c.pages[0], page_at(c.pages[0]));
-  ++accounting_.stats.num_unmaps;
-  if (observer_) observer_->on_unmap(va, granularity_);
 }
 
 // --- chunks -------------------------------------------------------------------------------------
@@ -627,7 +704,7 @@ std::vector<std::pair<DevicePtr, DevicePtr>> Backing::mapped_ranges() const {
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
     arena->pages.for_each_touched([&](std::size_t i, const Page& page) {
-      if (!page.mapped()) return;
+      if (!page.mapped() || page.in_flight) return;  // in flight: not mapped on the device yet
       const DevicePtr begin = base + (i << page_shift_);
       if (!out.empty() && out.back().second == begin) out.back().second += granularity_;
       else out.emplace_back(begin, begin + granularity_);
