@@ -337,43 +337,75 @@ void Backing::end_run(std::uint32_t index) {
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
 // elsewhere, map the missing ones, then set access run by run.
 //
-// The maps and set_access calls (tens of microseconds a page on a GPU) are made with the
-// engine's lock released, so that other threads' mallocs and frees from mapped pages go on
-// meanwhile. Every decision is made under the lock, in the same order as if the calls were made
-// at once, so a single thread sees exactly what it would with the calls in place: plan_maps books
-// each map (the page's chunk, the chunk's aliases, the counts) and marks the page in flight. An
-// in-flight page holds this malloc's reference, so its chunk is busy for everyone else (never
-// stolen, trimmed or remapped) and only a block sharing the page (a neighbour at the range's
-// boundary) could use it: back_pages sends such a block here, and it waits for the landing.
-// What stays under the lock: unmaps (a failed one must leave the page's chunk where it was, and
-// another thread may have taken that chunk by then), creates (an out-of-memory changes the plan)
-// and stream waits (their progress feeds the plan's next decisions).
+// Its device calls (a map and its set_access cost tens of microseconds a page on a GPU, a stream
+// wait milliseconds) are made with the engine's lock released, so that other threads' mallocs
+// and frees from mapped pages go on meanwhile. Every decision is still made under the lock and in
+// the same order, so a single thread sees exactly what it saw with the calls made in place. What
+// keeps the other threads off this malloc's pages while the lock is released:
+//   - its pages hold its references, so their chunks are busy: never stolen, trimmed or unmapped
+//     by anyone else (all of that needs refs == 0), and an alias of one is not ready;
+//   - only its two boundary pages can be shared (with neighbours in the same page), and it claims
+//     them (Page::in_flight) before the lock is first released: a block that takes a claimed page
+//     is not ready (back_pages) and waits here, holding no references, until the claim lands.
+//     So on a claimed page every other reference is a finished block's: refs > 1 means ready.
+// Made unlocked: the clash unmap of its own page, cuMemCreate (its slot counted against the limit
+// meanwhile), the wait for its own stream, and the MapJob: the maps and set_access calls, booked
+// under the lock first (plan_maps) and made at the end. Kept under the lock: the steal's eviction
+// unmap and its waits for other streams (the page and chunk are nobody's until the books say so),
+// and reclaiming (it walks the engine's blocks).
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
-  struct SlowMalloc {  // counted while the range is taken but not yet backed
-    Backing& b;
-    explicit SlowMalloc(Backing& backing) : b(backing) { ++b.slow_mallocs_; }
-    ~SlowMalloc() {
-      --b.slow_mallocs_;
-      b.client_.landed();
-    }
-  } slow(*this);
-  wait_for_landing(arena, first, last);
+  SlowMalloc slow(*this);
+  PageTable& pages = arenas_[arena]->pages;
+  if (pages.get(first).in_flight || pages.get(last).in_flight) [[unlikely]]
+    return wait_and_take_again(arena, addr, bytes);
+  // Claimed until this returns or throws (a failure's rollback is done under the lock by then).
+  struct Claim {
+    Page &first, &last;
+    Claim(Page& f, Page& l) : first(f), last(l) { first.in_flight = last.in_flight = 1; }
+    ~Claim() { first.in_flight = last.in_flight = 0; }
+  } claim(pages.at(first), pages.at(last));
   MapJob job;
   job.arena = arena;
   job.base = arenas_[arena]->ranges.base();
   int stage = kFromCache;
   if (!plan_maps(arena, addr, bytes, job, stage)) return false;
-  if (job.pages.empty()) return true;  // a neighbour's pages it waited for were all it needed
-  client_.without_lock([&] { run_job(job); });
-  land(job, addr, bytes, stage);
+  if (!job.pages.empty()) {
+    client_.without_lock([&] { run_job(job); });
+    land(job, addr, bytes);
+  }
+  if (stage >= kStitched) ++accounting_.stats.num_stitches;
+  if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
   return true;
 }
 
-void Backing::wait_for_landing(std::uint32_t arena, std::size_t first, std::size_t last) {
-  // The range's interior pages are its own; a boundary page may be a neighbour's, in flight.
+Backing::SlowMalloc::SlowMalloc(Backing& backing) : b(backing) { ++b.slow_mallocs_; }
+Backing::SlowMalloc::~SlowMalloc() {
+  --b.slow_mallocs_;
+  b.client_.landed();  // claims have landed, or a waiter's range is a block: wake the waiters
+}
+
+bool Backing::wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
+  // Another slow malloc claims a boundary page: wait for it with no reference taken (see
+  // map_missing), then take the range's pages again; they may be ready by then.
+  unref_pages(arena, addr, bytes, streams_.progress.stamp(arenas_[arena]->stream));
+  const auto [first, last] = page_span(arena, addr, bytes);
   const PageTable& pages = arenas_[arena]->pages;
-  while (pages.get(first).in_flight || pages.get(last).in_flight) client_.wait_for_landing();
+  do client_.wait_for_landing();
+  while (pages.get(first).in_flight || pages.get(last).in_flight);
+  return back_pages(arena, addr, bytes);
+}
+
+void Backing::unlocked(const std::function<void()>& calls) {
+  std::exception_ptr error;
+  client_.without_lock([&] {
+    try {
+      calls();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
 }
 
 bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job,
@@ -394,10 +426,10 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
         // Refs were taken in order, so an alias of this chunk among earlier pages of this block
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
         if (!streams_.progress.done(stream, p.free_seq)) {
-          streams_.progress.catch_up(stream, true);
+          streams_.progress.catch_up(stream, true, &unlocked_);
           ++accounting_.stats.num_sync_all_streams;
         }
-        unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
+        unmap_page(page_id(arena, static_cast<std::uint32_t>(i)), /*unlock=*/true);
       }
       const std::uint32_t clashes_before = conflict ? p.clashes : 0;
       if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;
@@ -433,18 +465,12 @@ void Backing::run_job(MapJob& job) const noexcept {
   }
 }
 
-void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes, int stage) {
-  PageTable& pages = arenas_[job.arena]->pages;
-  for (const std::uint32_t i : job.pages) pages.at(i).in_flight = 0;
+void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes) {
   if (observer_)
     job.for_each_run(job.accessible, [&](std::size_t k, std::size_t count) {
       observer_->on_map(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
     });
-  if (!job.error) [[likely]] {
-    if (stage >= kStitched) ++accounting_.stats.num_stitches;
-    if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
-    return;
-  }
+  if (!job.error) [[likely]] return;
   // The device failed: what it did not map is taken back from the books, what it did is
   // unmapped again, and the range gives its references back.
   forget_maps(job, job.mapped);
@@ -459,9 +485,7 @@ void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes, int stage) {
 }
 
 void Backing::forget_maps(const MapJob& job, std::size_t from) {
-  PageTable& pages = arenas_[job.arena]->pages;
   for (std::size_t k = job.pages.size(); k-- > from;) {
-    pages.at(job.pages[k]).in_flight = 0;
     note_unmapped(page_id(job.arena, job.pages[k]));
     --accounting_.stats.num_maps;
   }
@@ -471,7 +495,6 @@ void Backing::note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk)
   const PageId id = page_id(arena, static_cast<std::uint32_t>(index));
   Page& p = arenas_[arena]->pages.at(index);
   p.chunk = chunk;
-  p.in_flight = 1;
   chunks_.add_map(chunk, id);
   const Chunk& c = chunks_.at(chunk);
   if (c.maps > 1)
@@ -484,9 +507,10 @@ void Backing::note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk)
   ++accounting_.stats.num_maps;
 }
 
-void Backing::unmap_page(PageId id) {
+void Backing::unmap_page(PageId id, bool unlock) {
   const DevicePtr va = arenas_[arena_of(id)]->ranges.base() + (DevicePtr{index_of(id)} << page_shift_);
-  device_.unmap(va, granularity_);
+  if (unlock) unlocked([&] { device_.unmap(va, granularity_); });
+  else device_.unmap(va, granularity_);
   note_unmapped(id);
   ++accounting_.stats.num_unmaps;
   if (observer_) observer_->on_unmap(va, granularity_);
@@ -610,18 +634,25 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
 }
 
 ChunkId Backing::create_chunk() {
-  if ((chunks_.held() + 1) * granularity_ > limit_) {
+  // Chunks being created by other threads (the lock released meanwhile) count as held.
+  if ((chunks_.held() + creating_ + 1) * granularity_ > limit_) {
     oom_reason_ = "limit";
     return kNoChunk;
   }
   ChunkHandle handle = 0;
+  ++creating_;
   try {
-    handle = device_.create_chunk(granularity_);
+    unlocked([&] { handle = device_.create_chunk(granularity_); });
   } catch (const DeviceError& e) {
+    --creating_;
     if (!e.device_out_of_memory()) throw;
     oom_reason_ = "device";
     return kNoChunk;
+  } catch (...) {
+    --creating_;
+    throw;
   }
+  --creating_;
   ChunkId id;
   try {
     id = chunks_.add(handle);
@@ -704,7 +735,7 @@ std::vector<std::pair<DevicePtr, DevicePtr>> Backing::mapped_ranges() const {
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
     arena->pages.for_each_touched([&](std::size_t i, const Page& page) {
-      if (!page.mapped() || page.in_flight) return;  // in flight: not mapped on the device yet
+      if (!page.mapped()) return;
       const DevicePtr begin = base + (i << page_shift_);
       if (!out.empty() && out.back().second == begin) out.back().second += granularity_;
       else out.emplace_back(begin, begin + granularity_);

@@ -106,11 +106,11 @@ class ClashRule {
 // the fast path that looks at one of them first writes the run's fields back into its pages
 // (settle), which ends the run. A run's pages stay mapped, unaliased and listed while it lasts:
 // only slow paths change those, and they settle first.
-// The device calls of one malloc's slow path that are made with the engine's lock released: the
-// maps of its pages and set_access over each contiguous run of them. map_missing decides
-// everything under the lock (which chunk goes where, and the books say so at once), marks the
-// pages in flight, and lands the job under the lock again: in flight, a page is mapped for the
-// books but not for the device, and no other thread uses it (see Backing::map_missing).
+// The maps of one malloc's slow path and set_access over each contiguous run of them, made at
+// its end with the engine's lock released. map_missing decides everything under the lock (which
+// chunk goes where; the books say so at once) and lands the job under the lock again: until
+// then a page is mapped in the books but not on the device, and its chunk busy through the
+// malloc's reference (see Backing::map_missing for why no other thread uses it).
 struct MapJob {
   std::uint32_t arena = 0;
   DevicePtr base = 0;                // the arena's base: read without the lock
@@ -241,15 +241,25 @@ class Backing {
   }
   std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
-  // map_missing's steps: wait until no page of the range is in flight (only its two boundary
-  // pages can be another malloc's); decide and book every map (the device calls go to `job`),
-  // false on OOM; make the job's calls (no lock); land it, true unless the device failed.
-  void wait_for_landing(std::uint32_t arena, std::size_t first, std::size_t last);
+  // map_missing's steps: decide and book every map (the maps go to `job`; false on OOM, with the
+  // range's references given back); make the job's calls (without the lock); land it (under the
+  // lock: the observer is told; a device failure is rolled back and rethrown).
   bool plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job, int& stage);
   void run_job(MapJob& job) const noexcept;
-  void land(MapJob& job, DevicePtr addr, std::size_t bytes, int stage);
+  void land(MapJob& job, DevicePtr addr, std::size_t bytes);
   // Takes back the books of the job's maps from pages[from] on, which the device never made.
   void forget_maps(const MapJob& job, std::size_t from);
+  // A boundary page is claimed by another slow malloc: give the references back, wait for it to
+  // land, take the pages again (back_pages).
+  bool wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
+  // Counts a malloc in map_missing (slow_mallocs_) and wakes the waiters when it leaves.
+  struct SlowMalloc {
+    explicit SlowMalloc(Backing& backing);
+    ~SlowMalloc();
+    Backing& b;
+  };
+  // Runs device calls with the engine's lock released; rethrows what they threw, with the lock.
+  void unlocked(const std::function<void()>& calls);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
   // clashes_before: how often the page to map had to be remapped before (Page::clashes).
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before);
@@ -259,7 +269,9 @@ class Backing {
   // The books of a map made (or to be made, in flight, by a MapJob) and of an unmap.
   void note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk);
   void note_unmapped(PageId id);
-  void unmap_page(PageId id);  // the device call, then the books
+  // The device call (with the lock released if `unlock`: the page must be this malloc's), then
+  // the books.
+  void unmap_page(PageId id, bool unlock = false);
   bool unmap_chunk(ChunkId chunk, bool wait);  // every alias; false if still in use
   void release_chunk(ChunkId chunk);
   [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
@@ -285,6 +297,10 @@ class Backing {
   std::size_t peak_used_ = 0;   // most pages used at once
   std::size_t free_pages_ = 0;  // mapped pages with refs == 0
   std::size_t slow_mallocs_ = 0;  // in map_missing (its lock released at times)
+  std::size_t creating_ = 0;      // chunks being created with the lock released
+  const StreamTracker::Unlocked unlocked_ = [this](const std::function<void()>& calls) {
+    unlocked(calls);
+  };
   std::uint32_t clock_ = 0;     // ranges taken so far (wraps): the pages' time of use
   ClashRule clash_rule_;
   // Runs shorter than this are not worth a record: a pass over them costs a few hundred ns.

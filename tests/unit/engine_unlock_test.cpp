@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -22,39 +23,49 @@ constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr auto kPatience = std::chrono::seconds(20);  // far beyond any run, TSan's included
 
-// A SimulatedDevice whose maps wait while the gate is shut; a held map can be made to fail.
+// A SimulatedDevice whose calls of one kind wait while the gate is shut; a held map can be made
+// to fail.
 class GatedDevice final : public Device {
  public:
+  explicit GatedDevice(SimDeviceOptions options = {}) : sim(options) {}
   SimulatedDevice sim;
 
-  void shut() {
+  void shut(DeviceCall call = DeviceCall::map) {
     std::lock_guard lock(mutex_);
+    gated_ = call;
     shut_ = true;
   }
-  // Opens the gate; with `fail`, the maps held there throw (the device is not asked).
+  // Opens the gate; with `fail`, the calls held there throw (the device is not asked).
   void open(bool fail = false) {
     std::lock_guard lock(mutex_);
     shut_ = false;
     fail_held_ = fail;
     changed_.notify_all();
   }
-  void wait_until_a_map_is_held() {
+  void wait_until_a_call_is_held() {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [this] { return held_ > 0; });
   }
 
   void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
-    {
-      std::unique_lock lock(mutex_);
-      if (shut_) {
-        ++held_;
-        changed_.notify_all();
-        changed_.wait(lock, [this] { return !shut_; });
-        --held_;
-        if (fail_held_) throw DeviceError("cuMemMap", 2, "injected while held at the gate");
-      }
-    }
+    pass(DeviceCall::map);
     sim.map(va, size, chunk);
+  }
+  void set_access(DevicePtr va, std::size_t size) override {
+    pass(DeviceCall::set_access);
+    sim.set_access(va, size);
+  }
+  void unmap(DevicePtr va, std::size_t size) override {
+    pass(DeviceCall::unmap);
+    sim.unmap(va, size);
+  }
+  ChunkHandle create_chunk(std::size_t size) override {
+    pass(DeviceCall::create_chunk);
+    return sim.create_chunk(size);
+  }
+  void synchronize_event(EventHandle event) override {
+    pass(DeviceCall::synchronize_event);
+    sim.synchronize_event(event);
   }
 
   std::size_t granularity() const override { return sim.granularity(); }
@@ -64,19 +75,26 @@ class GatedDevice final : public Device {
     return sim.reserve_address(size, alignment);
   }
   void release_address(DevicePtr base, std::size_t size) override { sim.release_address(base, size); }
-  ChunkHandle create_chunk(std::size_t size) override { return sim.create_chunk(size); }
   void release_chunk(ChunkHandle chunk) override { sim.release_chunk(chunk); }
-  void unmap(DevicePtr va, std::size_t size) override { sim.unmap(va, size); }
-  void set_access(DevicePtr va, std::size_t size) override { sim.set_access(va, size); }
   EventHandle create_event() override { return sim.create_event(); }
   void destroy_event(EventHandle event) override { sim.destroy_event(event); }
   void record_event(EventHandle event, StreamId stream) override { sim.record_event(event, stream); }
   bool query_event(EventHandle event) override { return sim.query_event(event); }
-  void synchronize_event(EventHandle event) override { sim.synchronize_event(event); }
 
  private:
+  void pass(DeviceCall call) {
+    std::unique_lock lock(mutex_);
+    if (!shut_ || call != gated_) return;
+    ++held_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !shut_; });
+    --held_;
+    if (fail_held_) throw DeviceError(device_call_name(call), 2, "injected while held at the gate");
+  }
+
   std::mutex mutex_;
   std::condition_variable changed_;
+  DeviceCall gated_ = DeviceCall::map;
   bool shut_ = false;
   bool fail_held_ = false;
   int held_ = 0;
@@ -86,17 +104,18 @@ std::size_t page_of(const void* p, std::size_t granularity) {
   return reinterpret_cast<std::uintptr_t>(p) / granularity;
 }
 
-TEST(EngineThreadUnlock, OtherThreadsAllocateAndFreeWhileAMallocMaps) {
-  GatedDevice device;
-  Engine engine(device);
-  // Stream 1's pages are mapped before the gate shuts: a slab, and a range taken twice.
-  void* keep = engine.malloc(4 * KiB, 1);
+// Holds `slow_malloc` at the gate for `gated` and checks that another thread's mallocs and frees
+// from mapped pages (stream 1, its own arena) go on meanwhile; returns the slow block.
+void* expect_others_go_on_while_held(GatedDevice& device, Engine& engine, DeviceCall gated,
+                                     const std::function<void*()>& slow_malloc) {
+  void* keep = engine.malloc(4 * KiB, 1);  // a slab, and a range taken twice: mapped
   engine.free(engine.malloc(1 * MiB, 1));
+  const std::uint64_t gated_before = device.sim.calls(gated);
   const std::uint64_t maps_before = device.sim.calls(DeviceCall::map);
 
-  device.shut();
-  auto mapping = std::async(std::launch::async, [&] { return engine.malloc(8 * MiB, 0); });
-  device.wait_until_a_map_is_held();
+  device.shut(gated);
+  auto slow = std::async(std::launch::async, slow_malloc);
+  device.wait_until_a_call_is_held();
   auto other = std::async(std::launch::async, [&] {
     for (int i = 0; i < 1000; ++i) {
       void* small = engine.malloc(4 * KiB, 1);
@@ -107,27 +126,75 @@ TEST(EngineThreadUnlock, OtherThreadsAllocateAndFreeWhileAMallocMaps) {
     }
   });
   const bool finished = other.wait_for(kPatience) == std::future_status::ready;
-  const bool mapping_waited = mapping.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  const bool slow_held = slow.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  const std::uint64_t maps_meanwhile = device.sim.calls(DeviceCall::map) - maps_before;
   device.open();
   other.get();
-  void* big = mapping.get();
-  EXPECT_TRUE(finished) << "the other thread's mallocs waited for the mapping malloc's device calls";
-  EXPECT_TRUE(mapping_waited);
-  EXPECT_EQ(device.sim.calls(DeviceCall::map), maps_before + 4);  // the 8 MiB block's pages only
+  void* block = slow.get();
+  EXPECT_TRUE(finished) << "another thread's mallocs waited for a malloc's "
+                        << device_call_name(gated);
+  EXPECT_TRUE(slow_held);
+  EXPECT_GT(device.sim.calls(gated), gated_before);
+  if (gated == DeviceCall::map) EXPECT_EQ(maps_meanwhile, 0u);  // the other thread mapped nothing
   engine.check_invariants();
-  engine.free(big);
   engine.free(keep);
+  return block;
+}
+
+class EngineThreadUnlock : public ::testing::TestWithParam<DeviceCall> {};
+
+TEST_P(EngineThreadUnlock, OthersGoOnWhileAMallocMapsNewPages) {
+  GatedDevice device;
+  Engine engine(device);
+  void* big = expect_others_go_on_while_held(device, engine, GetParam(),
+                                             [&] { return engine.malloc(8 * MiB, 0); });
+  engine.free(big);
   engine.check_invariants();
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
 
-TEST(EngineThreadUnlock, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
+INSTANTIATE_TEST_SUITE_P(
+    Calls, EngineThreadUnlock,
+    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk),
+    [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
+
+// A page whose chunk is busy through another alias is remapped: the clash unmap, and before it
+// the wait for the page's last use on the stream, are made without the lock too.
+void others_go_on_while_a_malloc_remaps(DeviceCall gated) {
+  SimDeviceOptions o;
+  o.streams_complete_immediately = false;  // work on stream 0 stays pending until waited for
+  GatedDevice device(o);
+  Engine engine(device);
+  void* first = engine.malloc(2 * MiB);   // page 0
+  void* second = engine.malloc(2 * MiB);  // page 1: keeps page 0's range from merging
+  engine.free(first);
+  device.sim.submit_work(0);              // page 0's last use is still running
+  // 32 MiB goes to the top of the free range; one of its pages steals page 0's chunk (an alias).
+  void* big = engine.malloc(32 * MiB);
+  ASSERT_EQ(device.sim.calls(DeviceCall::unmap), 0u);
+  // Page 0 again: its chunk is busy through the big block, so it is remapped.
+  void* again = expect_others_go_on_while_held(device, engine, gated,
+                                               [&] { return engine.malloc(2 * MiB); });
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), 1u);
+  for (void* p : {again, second, big}) engine.free(p);
+  engine.check_invariants();
+}
+
+TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocUnmapsAClashingPage) {
+  others_go_on_while_a_malloc_remaps(DeviceCall::unmap);
+}
+TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocWaitsForItsStream) {
+  others_go_on_while_a_malloc_remaps(DeviceCall::synchronize_event);
+}
+
+TEST(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
   GatedDevice device;
   Engine engine(device);
   const std::size_t granularity = device.granularity();
   device.shut();
   auto mapping = std::async(std::launch::async, [&] { return engine.malloc(3 * MiB); });
-  device.wait_until_a_map_is_held();
+  device.wait_until_a_call_is_held();
   // 200 KiB is a range (not a slab), placed right after the 3 MiB block: on its last page.
   auto neighbour = std::async(std::launch::async, [&] { return engine.malloc(200 * KiB); });
   const bool waited = neighbour.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready;
@@ -144,14 +211,14 @@ TEST(EngineThreadUnlock, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
   engine.check_invariants();
 }
 
-TEST(EngineThreadUnlock, AMapFailingUnlockedIsRolledBackWhileOthersWork) {
+TEST(EngineThreadUnlockNeighbour, AMapFailingUnlockedIsRolledBackWhileOthersWork) {
   GatedDevice device;
   {
     Engine engine(device);
     void* keep = engine.malloc(4 * KiB, 1);
     device.shut();
     auto failing = std::async(std::launch::async, [&] { return engine.malloc(3 * MiB); });
-    device.wait_until_a_map_is_held();
+    device.wait_until_a_call_is_held();
     auto neighbour = std::async(std::launch::async, [&] { return engine.malloc(200 * KiB); });
     auto other = std::async(std::launch::async, [&] {
       for (int i = 0; i < 1000; ++i) engine.free(engine.malloc(4 * KiB, 1));
