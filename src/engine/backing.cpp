@@ -361,9 +361,9 @@ void Backing::end_run(std::uint32_t index) {
     return wait_and_take_again(arena, addr, bytes);
   // Claimed until this returns or throws (a failure's rollback is done under the lock by then).
   struct Claim {
-    Page &first, &last;
-    Claim(Page& f, Page& l) : first(f), last(l) { first.in_flight = last.in_flight = 1; }
-    ~Claim() { first.in_flight = last.in_flight = 0; }
+    Page &low, &high;
+    Claim(Page& l, Page& h) : low(l), high(h) { low.in_flight = high.in_flight = 1; }
+    ~Claim() { low.in_flight = high.in_flight = 0; }
   } claim(pages.at(first), pages.at(last));
   MapJob job;
   job.arena = arena;
