@@ -97,15 +97,6 @@ class ClashRule {
   std::size_t clashes_ = 0;
 };
 
-// The interior pages of a large range (each wholly inside it: refs is 0 or 1 for all of them
-// at once), kept as one record while only the fast path touches them, so that taking and giving
-// back the same range again costs O(1) instead of a pass over its pages. A run is made when a
-// range's interior pages come out of a malloc's pass alike (mapped, unaliased, listed as freed,
-// the same stamp and reuse): the range was used before, and a step that repeats will take it
-// again. Its pages are marked (Page::in_run) and hold the run's index in last_use; anything but
-// the fast path that looks at one of them first writes the run's fields back into its pages
-// (settle), which ends the run. A run's pages stay mapped, unaliased and listed while it lasts:
-// only slow paths change those, and they settle first.
 // The maps of one malloc's slow path and set_access over each contiguous run of them, made at
 // its end with the engine's lock released. map_missing decides everything under the lock (which
 // chunk goes where; the books say so at once) and lands the job under the lock again: until
@@ -131,6 +122,15 @@ struct MapJob {
   }
 };
 
+// The interior pages of a large range (each wholly inside it: refs is 0 or 1 for all of them
+// at once), kept as one record while only the fast path touches them, so that taking and giving
+// back the same range again costs O(1) instead of a pass over its pages. A run is made when a
+// range's interior pages come out of a malloc's pass alike (mapped, unaliased, listed as freed,
+// the same stamp and reuse): the range was used before, and a step that repeats will take it
+// again. Its pages are marked (Page::in_run) and hold the run's index in last_use; anything but
+// the fast path that looks at one of them first writes the run's fields back into its pages
+// (settle), which ends the run. A run's pages stay mapped, unaliased and listed while it lasts:
+// only slow paths change those, and they settle first.
 struct PageRun {
   std::uint32_t arena = 0;
   std::uint32_t first = 0, last = 0;  // page indices in the arena, inclusive
