@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gmem/cuda_device.hpp"
@@ -214,6 +215,45 @@ TEST_F(GpuTest, StitchingUnderALimitKeepsLiveData) {
   expect_intact(live);
   engine.check_invariants();
   for (const Block& b : live) engine.free(b.ptr);
+}
+
+// A malloc maps, creates and unmaps with the engine's lock released (docs/engine.md): four
+// threads, two to a stream (their blocks share boundary pages), stitch under a limit at once;
+// CheckingDevice sees no address mapped twice, and every block keeps its bytes.
+TEST_F(GpuTest, ThreadsStitchAtOnceAndKeepTheirData) {
+  EngineOptions options;
+  options.memory_limit = 384 * kMiB;  // above the ~240 MiB the threads could hold at once
+  Engine& engine = make_engine(options);
+  const cudaStream_t streams[2] = {a_, b_};
+  std::vector<std::thread> threads;
+  std::vector<std::vector<Block>> kept(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      GPU_CHECK(cudaSetDevice(0));
+      const cudaStream_t stream = streams[t % 2];
+      std::mt19937 random(static_cast<unsigned>(t) + 1);
+      std::vector<Block> live;
+      for (std::uint32_t i = 0; i < 400; ++i) {
+        if (live.size() >= 10) {
+          engine.free(live.front().ptr);
+          live.erase(live.begin());
+        }
+        const std::size_t size = (random() % (4 * kMiB) + 200 * 1024) & ~std::size_t{3};
+        const std::uint32_t seed = (static_cast<std::uint32_t>(t) << 16) + i + 1;
+        live.push_back({engine.malloc(size, id(stream)), size, seed});
+        fill(live.back().ptr, size, live.back().seed, stream);
+      }
+      GPU_CHECK(cudaStreamSynchronize(stream));
+      kept[t] = live;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& live : kept) expect_intact(live);
+  EXPECT_GE(engine.stats().num_stitches, 1);
+  engine.check_invariants();
+  for (const auto& live : kept)
+    for (const Block& b : live) engine.free(b.ptr);
+  engine.check_invariants();
 }
 
 TEST_F(GpuTest, AChunkMappedAtTwoAddressesShowsTheSameBytes) {

@@ -272,7 +272,10 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
   auto take = [&](std::size_t i, auto in_runs) {  // in_runs: std::true_type while runs exist
     Page& p = pages.at(i);
     if constexpr (decltype(in_runs)::value) settle(p);
-    if (p.refs++ > 0) return;  // shared with a live neighbour: its chunk is busy here already
+    if (p.refs++ > 0) {  // shared with a live neighbour: its chunk is busy here already,
+      if (p.in_flight) [[unlikely]] ready = false;  // or is being mapped by its malloc still
+      return;
+    }
     if (++used_pages_ > peak_used_) peak_used_ = used_pages_;
     p.reuse = now - p.last_use;
     p.last_use = now;
@@ -375,19 +378,85 @@ void Backing::end_run(std::uint32_t index) {
 
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
 // elsewhere, map the missing ones, then set access run by run.
+//
+// Its device calls (a map and its set_access cost tens of microseconds a page on a GPU, a stream
+// wait milliseconds) are made with the engine's lock released, so that other threads' mallocs
+// and frees from mapped pages go on meanwhile. Every decision is still made under the lock and in
+// the same order, so a single thread sees exactly what it saw with the calls made in place. What
+// keeps the other threads off this malloc's pages while the lock is released:
+//   - its pages hold its references, so their chunks are busy: never stolen, trimmed or unmapped
+//     by anyone else (all of that needs refs == 0), and an alias of one is not ready;
+//   - only its two boundary pages can be shared (with neighbours in the same page), and it claims
+//     them (Page::in_flight) before the lock is first released: a block that takes a claimed page
+//     is not ready (back_pages) and waits here, holding no references, until the claim lands.
+//     So on a claimed page every other reference is a finished block's: refs > 1 means ready.
+// Made unlocked: the clash unmap of its own page, cuMemCreate (its slot counted against the limit
+// meanwhile), the wait for its own stream, and the MapJob: the maps and set_access calls, booked
+// under the lock first (plan_maps) and made at the end. Kept under the lock: the steal's eviction
+// unmap and its waits for other streams (the page and chunk are nobody's until the books say so),
+// and reclaiming (it walks the engine's blocks).
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
+  const auto [first, last] = page_span(arena, addr, bytes);
+  SlowMalloc slow(*this);
+  PageTable& pages = arenas_[arena]->pages;
+  if (pages.get(first).in_flight || pages.get(last).in_flight) [[unlikely]]
+    return wait_and_take_again(arena, addr, bytes);
+  // Claimed until this returns or throws (a failure's rollback is done under the lock by then).
+  struct Claim {
+    Page &low, &high;
+    Claim(Page& l, Page& h) : low(l), high(h) { low.in_flight = high.in_flight = 1; }
+    ~Claim() { low.in_flight = high.in_flight = 0; }
+  } claim(pages.at(first), pages.at(last));
+  MapJob job;
+  job.arena = arena;
+  job.base = arenas_[arena]->ranges.base();
+  int stage = kFromCache;
+  if (!plan_maps(arena, addr, bytes, job, stage)) return false;
+  if (!job.pages.empty()) {
+    client_.without_lock([&] { run_job(job); });
+    land(job, addr, bytes);
+  }
+  if (stage >= kStitched) ++accounting_.stats.num_stitches;
+  if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
+  return true;
+}
+
+Backing::SlowMalloc::SlowMalloc(Backing& backing) : b(backing) { ++b.slow_mallocs_; }
+Backing::SlowMalloc::~SlowMalloc() {
+  --b.slow_mallocs_;
+  b.client_.landed();  // claims have landed, or a waiter's range is a block: wake the waiters
+}
+
+bool Backing::wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
+  // Another slow malloc claims a boundary page: wait for it with no reference taken (see
+  // map_missing), then take the range's pages again; they may be ready by then.
+  unref_pages(arena, addr, bytes, streams_.progress.stamp(arenas_[arena]->stream));
+  const auto [first, last] = page_span(arena, addr, bytes);
+  const PageTable& pages = arenas_[arena]->pages;
+  do client_.wait_for_landing();
+  while (pages.get(first).in_flight || pages.get(last).in_flight);
+  return back_pages(arena, addr, bytes);
+}
+
+void Backing::unlocked(const std::function<void()>& calls) {
+  std::exception_ptr error;
+  client_.without_lock([&] {
+    try {
+      calls();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job,
+                        int& stage) {
   PageTable& pages = arenas_[arena]->pages;
   const auto [first, last] = page_span(arena, addr, bytes);
   const std::uint32_t stream = arenas_[arena]->stream;
-  std::vector<std::size_t> mapped_now;
-  int stage = kFromCache;
-  auto rollback = [&] {
-    for (std::size_t k = mapped_now.size(); k-- > 0;) {
-      try {
-        unmap_page(page_id(arena, static_cast<std::uint32_t>(mapped_now[k])));
-      } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
-      }
-    }
+  auto rollback = [&] {  // nothing reached the device yet
+    forget_maps(job, 0);
     unref_pages(arena, addr, bytes, streams_.progress.stamp(stream));
   };
   try {
@@ -399,10 +468,10 @@ void Backing::end_run(std::uint32_t index) {
         // Refs were taken in order, so an alias of this chunk among earlier pages of this block
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
         if (!streams_.progress.done(stream, p.free_seq)) {
-          streams_.progress.catch_up(stream, true);
+          streams_.progress.catch_up(stream, true, &unlocked_);
           ++accounting_.stats.num_sync_all_streams;
         }
-        unmap_page(page_id(arena, static_cast<std::uint32_t>(i)));
+        unmap_page(page_id(arena, static_cast<std::uint32_t>(i)), /*unlock=*/true);
       }
       const std::uint32_t clashes_before = conflict ? p.clashes : 0;
       if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;
@@ -411,36 +480,65 @@ void Backing::end_run(std::uint32_t index) {
         rollback();
         return false;
       }
-      map_page(arena, i, chunk);
-      mapped_now.push_back(i);
-    }
-    const DevicePtr base = arenas_[arena]->ranges.base();
-    for (std::size_t k = 0; k < mapped_now.size();) {  // one set_access per contiguous run
-      std::size_t end = k + 1;
-      while (end < mapped_now.size() && mapped_now[end] == mapped_now[end - 1] + 1) ++end;
-      const DevicePtr va = base + (mapped_now[k] << page_shift_);
-      const std::size_t len = (end - k) << page_shift_;
-      device_.set_access(va, len);
-      if (observer_) observer_->on_map(va, len);
-      k = end;
+      job.pages.reserve(last - i + 1);
+      job.chunks.reserve(last - i + 1);
+      job.pages.push_back(static_cast<std::uint32_t>(i));
+      job.chunks.push_back(chunks_.at(chunk).handle);
+      note_mapped(arena, i, chunk);
     }
   } catch (...) {
     rollback();
     throw;
   }
-  if (stage >= kStitched) ++accounting_.stats.num_stitches;
-  if (stage >= kRetried) ++accounting_.stats.num_alloc_retries;
   return true;
 }
 
-void Backing::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
-  const DevicePtr va = arenas_[arena]->ranges.base() + (index << page_shift_);
-  Chunk& c = chunks_.at(chunk);
-  device_.map(va, granularity_, c.handle);
+void Backing::run_job(MapJob& job) const noexcept {
+  try {
+    for (; job.mapped < job.pages.size(); ++job.mapped)
+      device_.map(job.base + (DevicePtr{job.pages[job.mapped]} << page_shift_), granularity_,
+                  job.chunks[job.mapped]);
+    job.for_each_run(job.pages.size(), [&](std::size_t k, std::size_t count) {
+      device_.set_access(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
+      job.accessible = k + count;
+    });
+  } catch (...) {
+    job.error = std::current_exception();
+  }
+}
+
+void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes) {
+  if (observer_)
+    job.for_each_run(job.accessible, [&](std::size_t k, std::size_t count) {
+      observer_->on_map(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
+    });
+  if (!job.error) [[likely]] return;
+  // The device failed: what it did not map is taken back from the books, what it did is
+  // unmapped again, and the range gives its references back.
+  forget_maps(job, job.mapped);
+  for (std::size_t k = job.mapped; k-- > 0;) {
+    try {
+      unmap_page(page_id(job.arena, job.pages[k]));
+    } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
+    }
+  }
+  unref_pages(job.arena, addr, bytes, streams_.progress.stamp(arenas_[job.arena]->stream));
+  std::rethrow_exception(job.error);
+}
+
+void Backing::forget_maps(const MapJob& job, std::size_t from) {
+  for (std::size_t k = job.pages.size(); k-- > from;) {
+    note_unmapped(page_id(job.arena, job.pages[k]));
+    --accounting_.stats.num_maps;
+  }
+}
+
+void Backing::note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk) {
   const PageId id = page_id(arena, static_cast<std::uint32_t>(index));
   Page& p = arenas_[arena]->pages.at(index);
   p.chunk = chunk;
   chunks_.add_map(chunk, id);
+  const Chunk& c = chunks_.at(chunk);
   if (c.maps > 1)
     for (std::uint32_t k = 0; k < c.maps; ++k)
       arenas_[arena_of(c.pages[k])]->pages.at(index_of(c.pages[k])).aliased = 1;
@@ -451,12 +549,17 @@ void Backing::map_page(std::uint32_t arena, std::size_t index, ChunkId chunk) {
   ++accounting_.stats.num_maps;
 }
 
-void Backing::unmap_page(PageId id) {
-  Arena& a = *arenas_[arena_of(id)];
-  const std::size_t index = index_of(id);
-  const DevicePtr va = a.ranges.base() + (index << page_shift_);
-  device_.unmap(va, granularity_);
-  Page& p = a.pages.at(index);
+void Backing::unmap_page(PageId id, bool unlock) {
+  const DevicePtr va = arenas_[arena_of(id)]->ranges.base() + (DevicePtr{index_of(id)} << page_shift_);
+  if (unlock) unlocked([&] { device_.unmap(va, granularity_); });
+  else device_.unmap(va, granularity_);
+  note_unmapped(id);
+  ++accounting_.stats.num_unmaps;
+  if (observer_) observer_->on_unmap(va, granularity_);
+}
+
+void Backing::note_unmapped(PageId id) {
+  Page& p = page_at(id);
   const ChunkId chunk = p.chunk;
   chunks_.remove_map(chunk, id);
   p.chunk = kNoChunk;
@@ -468,8 +571,6 @@ void Backing::unmap_page(PageId id) {
   // The alias that kept the chunk busy may have been this one: list the chunk again, through a
   // page where it stays (its earlier entries may have been dropped while it was busy).
   if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.add(c.pages[0], page_at(c.pages[0]));
-  ++accounting_.stats.num_unmaps;
-  if (observer_) observer_->on_unmap(va, granularity_);
 }
 
 // --- chunks -------------------------------------------------------------------------------------
@@ -575,18 +676,25 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
 }
 
 ChunkId Backing::create_chunk() {
-  if ((chunks_.held() + 1) * granularity_ > limit_) {
+  // Chunks being created by other threads (the lock released meanwhile) count as held.
+  if ((chunks_.held() + creating_ + 1) * granularity_ > limit_) {
     oom_reason_ = "limit";
     return kNoChunk;
   }
   ChunkHandle handle = 0;
+  ++creating_;
   try {
-    handle = device_.create_chunk(granularity_);
+    unlocked([&] { handle = device_.create_chunk(granularity_); });
   } catch (const DeviceError& e) {
+    --creating_;
     if (!e.device_out_of_memory()) throw;
     oom_reason_ = "device";
     return kNoChunk;
+  } catch (...) {
+    --creating_;
+    throw;
   }
+  --creating_;
   ChunkId id;
   try {
     id = chunks_.add(handle);

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -49,6 +51,13 @@ class BackingClient {
   virtual void arena_added() = 0;
   // Memory is short: give back empty slabs and the frees that wait on other streams.
   virtual void reclaim() = 0;
+  // The engine's lock around a malloc's device calls (MapJob). without_lock releases it while
+  // `calls` runs (device calls only: no engine state; never throws) and takes it again;
+  // wait_for_landing releases it until another thread calls landed() (or a spurious wakeup),
+  // and takes it again; landed() wakes every waiter.
+  virtual void without_lock(const std::function<void()>& calls) = 0;
+  virtual void wait_for_landing() = 0;
+  virtual void landed() = 0;
 
  protected:
   ~BackingClient() = default;
@@ -88,6 +97,31 @@ class ClashRule {
  private:
   std::size_t share_ = kFirstShare;
   std::size_t clashes_ = 0;
+};
+
+// The maps of one malloc's slow path and set_access over each contiguous run of them, made at
+// its end with the engine's lock released. map_missing decides everything under the lock (which
+// chunk goes where; the books say so at once) and lands the job under the lock again: until
+// then a page is mapped in the books but not on the device, and its chunk busy through the
+// malloc's reference (see Backing::map_missing for why no other thread uses it).
+struct MapJob {
+  std::uint32_t arena = 0;
+  DevicePtr base = 0;                // the arena's base: read without the lock
+  std::vector<std::uint32_t> pages;  // page indices in the arena, in address order
+  std::vector<ChunkHandle> chunks;   // the chunk to map at each
+  std::size_t mapped = 0;            // how many of pages the device has mapped
+  std::size_t accessible = 0;        // how many of those have their access set
+  std::exception_ptr error;          // what the device threw, if it did
+  // Calls visit(first, count) for each run of contiguous pages among pages[0, end).
+  template <class F>
+  void for_each_run(std::size_t end, F&& visit) const {
+    for (std::size_t k = 0; k < end;) {
+      std::size_t stop = k + 1;
+      while (stop < end && pages[stop] == pages[stop - 1] + 1) ++stop;
+      visit(k, stop - k);
+      k = stop;
+    }
+  }
 };
 
 // The interior pages of a large range (each wholly inside it: refs is 0 or 1 for all of them
@@ -178,6 +212,9 @@ class Backing {
   std::uint32_t page_refs(const Arena& arena, std::size_t index) const {
     return refs_of(arena.pages.get(index));
   }
+  // Mallocs in their slow path that wait for pages in flight or have a MapJob under way: their
+  // ranges are taken but not yet blocks, so the invariants hold only when there are none.
+  std::size_t slow_mallocs() const { return slow_mallocs_; }
   // Verifies pages, chunks and the freed-page list against the arenas' ranges; throws
   // std::logic_error (engine_checks.cpp). Returns the bytes of used ranges.
   std::int64_t check_invariants() const;
@@ -220,14 +257,37 @@ class Backing {
   }
   std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
+  // map_missing's steps: decide and book every map (the maps go to `job`; false on OOM, with the
+  // range's references given back); make the job's calls (without the lock); land it (under the
+  // lock: the observer is told; a device failure is rolled back and rethrown).
+  bool plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job, int& stage);
+  void run_job(MapJob& job) const noexcept;
+  void land(MapJob& job, DevicePtr addr, std::size_t bytes);
+  // Takes back the books of the job's maps from pages[from] on, which the device never made.
+  void forget_maps(const MapJob& job, std::size_t from);
+  // A boundary page is claimed by another slow malloc: give the references back, wait for it to
+  // land, take the pages again (back_pages).
+  bool wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
+  // Counts a malloc in map_missing (slow_mallocs_) and wakes the waiters when it leaves.
+  struct SlowMalloc {
+    explicit SlowMalloc(Backing& backing);
+    ~SlowMalloc();
+    Backing& b;
+  };
+  // Runs device calls with the engine's lock released; rethrows what they threw, with the lock.
+  void unlocked(const std::function<void()>& calls);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
   // clashes_before: how often the page to map had to be remapped before (Page::clashes).
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before);
   ChunkId create_chunk();  // kNoChunk when the limit or the device says no
   ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
   Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }
-  void map_page(std::uint32_t arena, std::size_t index, ChunkId chunk);
-  void unmap_page(PageId id);
+  // The books of a map made (or to be made, in flight, by a MapJob) and of an unmap.
+  void note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk);
+  void note_unmapped(PageId id);
+  // The device call (with the lock released if `unlock`: the page must be this malloc's), then
+  // the books.
+  void unmap_page(PageId id, bool unlock = false);
   bool unmap_chunk(ChunkId chunk, bool wait);  // every alias; false if still in use
   void release_chunk(ChunkId chunk);
   [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
@@ -252,6 +312,11 @@ class Backing {
   std::size_t used_pages_ = 0;  // pages with refs > 0 (each pins one busy chunk)
   std::size_t peak_used_ = 0;   // most pages used at once
   std::size_t free_pages_ = 0;  // mapped pages with refs == 0
+  std::size_t slow_mallocs_ = 0;  // in map_missing (its lock released at times)
+  std::size_t creating_ = 0;      // chunks being created with the lock released
+  const StreamTracker::Unlocked unlocked_ = [this](const std::function<void()>& calls) {
+    unlocked(calls);
+  };
   std::uint32_t clock_ = 0;     // ranges taken so far (wraps): the pages' time of use
   ClashRule clash_rule_;
   // Runs shorter than this are not worth a record: a pass over them costs a few hundred ns.

@@ -148,6 +148,20 @@ void Engine::Impl::reclaim() {
   if (!cross_stream_.empty()) process_pending(true);
 }
 
+// Backing calls these from a malloc's slow path, with mutex_ held (the lock_guard in malloc):
+// the lock is released and taken again before they return, so the guard still owns it.
+void Engine::Impl::without_lock(const std::function<void()>& calls) {
+  mutex_.unlock();
+  calls();  // device calls only, and it does not throw
+  mutex_.lock();
+}
+
+void Engine::Impl::wait_for_landing() {
+  std::unique_lock lock(mutex_, std::adopt_lock);
+  landed_.wait(lock);
+  lock.release();  // still held: malloc's guard releases it
+}
+
 void Engine::Impl::empty_cache() {
   std::lock_guard lock(mutex_);
   if (!cross_stream_.empty()) process_pending(true);

@@ -204,7 +204,9 @@ std::int64_t Backing::check_invariants() const {
 }  // namespace detail
 
 void Engine::Impl::check_invariants() const {
-  std::lock_guard lock(mutex_);
+  // A malloc in its slow path has taken its range but not made it a block yet: check between.
+  std::unique_lock lock(mutex_);
+  landed_.wait(lock, [this] { return backing_.slow_mallocs() == 0; });
   const std::int64_t used_large = backing_.check_invariants();
   // Live blocks: each large one owns its range, each small one a distinct slot of a live slab.
   std::int64_t alloc[3] = {0, 0, 0}, count[3] = {0, 0, 0}, requested[3] = {0, 0, 0};

@@ -16,6 +16,8 @@
 // of its own: one lock per malloc is what makes tracking cheap.
 #pragma once
 
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -56,6 +58,9 @@ class Engine::Impl final : private detail::BackingClient {
   Device& device_;
   detail::CaptureHook capture_;  // read before the lock
   mutable std::mutex mutex_;     // guards everything below
+  // Signalled when a malloc's slow path lands its device calls (Backing::map_missing releases
+  // the lock while it maps): mallocs that need its pages, and check_invariants, wait for it.
+  mutable std::condition_variable landed_;
   detail::EngineObserver* observer_ = nullptr;  // tracking, when attached
   detail::Accounting accounting_;
   detail::Streams streams_;
@@ -80,6 +85,9 @@ class Engine::Impl final : private detail::BackingClient {
   // BackingClient
   void arena_added() override { slabs_.add_arena(); }
   void reclaim() override;
+  void without_lock(const std::function<void()>& calls) override;
+  void wait_for_landing() override;
+  void landed() override { landed_.notify_all(); }
 };
 
 }  // namespace gmem

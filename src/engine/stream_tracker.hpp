@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "gmem/device.hpp"
@@ -14,6 +15,9 @@ namespace gmem::detail {
 
 class StreamTracker {
  public:
+  // Runs a blocking call with the caller's lock released, and takes the lock again.
+  using Unlocked = std::function<void(const std::function<void()>&)>;
+
   explicit StreamTracker(Device& device) : device_(device) {}
   ~StreamTracker();  // destroys the events still pending
 
@@ -28,8 +32,9 @@ class StreamTracker {
   bool done(std::uint32_t index, std::uint64_t seq) const { return seq <= streams_[index].completed; }
   // Records an event covering every free so far (if none does yet) and polls the pending
   // events; with `wait`, blocks until the stream has caught up. Returns true when all of the
-  // stream's frees so far are done.
-  bool catch_up(std::uint32_t index, bool wait);
+  // stream's frees so far are done. With `unlocked`, the wait is made through it: other threads
+  // may use the tracker meanwhile (and complete the very event waited on).
+  bool catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked = nullptr);
 
  private:
   struct Pending {
@@ -42,6 +47,10 @@ class StreamTracker {
     std::uint64_t completed = 0;  // frees up to here are done
     std::deque<Pending> pending;  // events in record order
   };
+  // The stream's oldest pending event `p` is done: drop it, unless another thread did while the
+  // lock was released.
+  void complete(std::uint32_t index, const Pending& p);
+
   Device& device_;
   std::vector<Stream> streams_;
   std::vector<EventHandle> spare_events_;

@@ -1,0 +1,320 @@
+// A malloc that maps pages makes its device calls with the engine's lock released
+// (Backing::map_missing): other threads' mallocs and frees from mapped pages go on meanwhile,
+// a block that shares a page being mapped waits until it is, and a map that fails unlocked is
+// rolled back as one made under the lock. A device whose maps wait at a gate holds a malloc
+// in the middle of its calls. (Named *Thread*: scripts/test runs these under ThreadSanitizer.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gmem/engine.hpp"
+#include "gmem/error.hpp"
+#include "gmem/sim_device.hpp"
+
+namespace gmem {
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr auto kPatience = std::chrono::seconds(20);  // far beyond any run, TSan's included
+
+// A SimulatedDevice whose calls of one kind wait while the gate is shut; a held map can be made
+// to fail.
+class GatedDevice final : public Device {
+ public:
+  explicit GatedDevice(SimDeviceOptions options = {}) : sim(options) {}
+  SimulatedDevice sim;
+
+  void shut(DeviceCall call = DeviceCall::map) {
+    std::lock_guard lock(mutex_);
+    gated_ = call;
+    shut_ = true;
+  }
+  // Opens the gate; with `fail`, the calls held there throw (the device is not asked).
+  void open(bool fail = false) {
+    std::lock_guard lock(mutex_);
+    shut_ = false;
+    fail_held_ = fail;
+    changed_.notify_all();
+  }
+  // Every gated kind of call yields the thread first: other threads get into the windows where a
+  // malloc has released the engine's lock.
+  void yield_in_calls() { yield_ = true; }
+  void wait_until_a_call_is_held() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return held_ > 0; });
+  }
+
+  void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
+    pass(DeviceCall::map);
+    sim.map(va, size, chunk);
+  }
+  void set_access(DevicePtr va, std::size_t size) override {
+    pass(DeviceCall::set_access);
+    sim.set_access(va, size);
+  }
+  void unmap(DevicePtr va, std::size_t size) override {
+    pass(DeviceCall::unmap);
+    sim.unmap(va, size);
+  }
+  ChunkHandle create_chunk(std::size_t size) override {
+    pass(DeviceCall::create_chunk);
+    return sim.create_chunk(size);
+  }
+  void synchronize_event(EventHandle event) override {
+    pass(DeviceCall::synchronize_event);
+    sim.synchronize_event(event);
+  }
+
+  std::size_t granularity() const override { return sim.granularity(); }
+  DeviceMemInfo mem_info() override { return sim.mem_info(); }
+  std::string name() const override { return "gated " + sim.name(); }
+  DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
+    return sim.reserve_address(size, alignment);
+  }
+  void release_address(DevicePtr base, std::size_t size) override { sim.release_address(base, size); }
+  void release_chunk(ChunkHandle chunk) override { sim.release_chunk(chunk); }
+  EventHandle create_event() override { return sim.create_event(); }
+  void destroy_event(EventHandle event) override { sim.destroy_event(event); }
+  void record_event(EventHandle event, StreamId stream) override { sim.record_event(event, stream); }
+  bool query_event(EventHandle event) override { return sim.query_event(event); }
+
+ private:
+  void pass(DeviceCall call) {
+    if (yield_) std::this_thread::yield();
+    std::unique_lock lock(mutex_);
+    if (!shut_ || call != gated_) return;
+    ++held_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !shut_; });
+    --held_;
+    if (fail_held_) throw DeviceError(device_call_name(call), 2, "injected while held at the gate");
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  DeviceCall gated_ = DeviceCall::map;
+  bool shut_ = false;
+  bool fail_held_ = false;
+  int held_ = 0;
+  std::atomic<bool> yield_{false};
+};
+
+std::size_t page_of(const void* p, std::size_t granularity) {
+  return reinterpret_cast<std::uintptr_t>(p) / granularity;
+}
+
+// Holds `slow_malloc` at the gate for `gated` and checks that another thread's mallocs and frees
+// from mapped pages (stream 1, its own arena) go on meanwhile; returns the slow block.
+void* expect_others_go_on_while_held(GatedDevice& device, Engine& engine, DeviceCall gated,
+                                     const std::function<void*()>& slow_malloc) {
+  void* keep = engine.malloc(4 * KiB, 1);  // a slab, and a range taken twice: mapped
+  engine.free(engine.malloc(1 * MiB, 1));
+  const std::uint64_t gated_before = device.sim.calls(gated);
+  const std::uint64_t maps_before = device.sim.calls(DeviceCall::map);
+
+  device.shut(gated);
+  auto slow = std::async(std::launch::async, slow_malloc);
+  device.wait_until_a_call_is_held();
+  auto other = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 1000; ++i) {
+      void* small = engine.malloc(4 * KiB, 1);
+      void* range = engine.malloc(1 * MiB, 1);
+      engine.free(range);
+      engine.free(small);
+      if (i % 100 == 0) (void)engine.stats();
+    }
+  });
+  const bool finished = other.wait_for(kPatience) == std::future_status::ready;
+  const bool slow_held = slow.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  const std::uint64_t maps_meanwhile = device.sim.calls(DeviceCall::map) - maps_before;
+  device.open();
+  other.get();
+  void* block = slow.get();
+  EXPECT_TRUE(finished) << "another thread's mallocs waited for a malloc's "
+                        << device_call_name(gated);
+  EXPECT_TRUE(slow_held);
+  EXPECT_GT(device.sim.calls(gated), gated_before);
+  if (gated == DeviceCall::map) EXPECT_EQ(maps_meanwhile, 0u);  // the other thread mapped nothing
+  engine.check_invariants();
+  engine.free(keep);
+  return block;
+}
+
+class EngineThreadUnlock : public ::testing::TestWithParam<DeviceCall> {};
+
+TEST_P(EngineThreadUnlock, OthersGoOnWhileAMallocMapsNewPages) {
+  GatedDevice device;
+  Engine engine(device);
+  void* big = expect_others_go_on_while_held(device, engine, GetParam(),
+                                             [&] { return engine.malloc(8 * MiB, 0); });
+  engine.free(big);
+  engine.check_invariants();
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Calls, EngineThreadUnlock,
+    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk),
+    [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
+
+// A page whose chunk is busy through another alias is remapped: the clash unmap, and before it
+// the wait for the page's last use on the stream, are made without the lock too.
+void others_go_on_while_a_malloc_remaps(DeviceCall gated) {
+  SimDeviceOptions o;
+  o.streams_complete_immediately = false;  // work on stream 0 stays pending until waited for
+  GatedDevice device(o);
+  Engine engine(device);
+  void* first = engine.malloc(2 * MiB);   // page 0
+  void* second = engine.malloc(2 * MiB);  // page 1: keeps page 0's range from merging
+  engine.free(first);
+  device.sim.submit_work(0);              // page 0's last use is still running
+  // 32 MiB goes to the top of the free range; one of its pages steals page 0's chunk (an alias).
+  void* big = engine.malloc(32 * MiB);
+  ASSERT_EQ(device.sim.calls(DeviceCall::unmap), 0u);
+  // Page 0 again: its chunk is busy through the big block, so it is remapped.
+  void* again = expect_others_go_on_while_held(device, engine, gated,
+                                               [&] { return engine.malloc(2 * MiB); });
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), 1u);
+  for (void* p : {again, second, big}) engine.free(p);
+  engine.check_invariants();
+}
+
+TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocUnmapsAClashingPage) {
+  others_go_on_while_a_malloc_remaps(DeviceCall::unmap);
+}
+TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocWaitsForItsStream) {
+  others_go_on_while_a_malloc_remaps(DeviceCall::synchronize_event);
+}
+
+TEST(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
+  GatedDevice device;
+  Engine engine(device);
+  const std::size_t granularity = device.granularity();
+  device.shut();
+  auto mapping = std::async(std::launch::async, [&] { return engine.malloc(3 * MiB); });
+  device.wait_until_a_call_is_held();
+  // 200 KiB is a range (not a slab), placed right after the 3 MiB block: on its last page.
+  auto neighbour = std::async(std::launch::async, [&] { return engine.malloc(200 * KiB); });
+  const bool waited = neighbour.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready;
+  device.open();
+  void* big = mapping.get();
+  void* next = neighbour.get();
+  EXPECT_TRUE(waited) << "a block was handed out on a page whose map had not been made";
+  ASSERT_EQ(page_of(next, granularity),
+            page_of(static_cast<char*>(big) + 3 * MiB - 1, granularity));
+  EXPECT_EQ(device.sim.calls(DeviceCall::map), 2u);  // the neighbour's page was mapped once
+  engine.check_invariants();
+  engine.free(next);
+  engine.free(big);
+  engine.check_invariants();
+}
+
+TEST(EngineThreadUnlockNeighbour, AMapFailingUnlockedIsRolledBackWhileOthersWork) {
+  GatedDevice device;
+  {
+    Engine engine(device);
+    void* keep = engine.malloc(4 * KiB, 1);
+    device.shut();
+    auto failing = std::async(std::launch::async, [&] { return engine.malloc(3 * MiB); });
+    device.wait_until_a_call_is_held();
+    auto neighbour = std::async(std::launch::async, [&] { return engine.malloc(200 * KiB); });
+    auto other = std::async(std::launch::async, [&] {
+      for (int i = 0; i < 1000; ++i) engine.free(engine.malloc(4 * KiB, 1));
+    });
+    const bool other_finished = other.wait_for(kPatience) == std::future_status::ready;
+    device.open(/*fail=*/true);
+    other.get();
+    EXPECT_TRUE(other_finished);
+    EXPECT_THROW(failing.get(), DeviceError);
+    // The neighbour's page was the failed malloc's: it maps it itself once the failure landed.
+    void* next = neighbour.get();
+    engine.check_invariants();  // its page among them: a used page is mapped
+    EXPECT_EQ(static_cast<std::int64_t>(device.sim.chunk_bytes()),
+              engine.stats().reserved_bytes[kAllPools].current);
+    engine.free(next);
+    void* again = engine.malloc(3 * MiB);  // the engine works on
+    engine.check_invariants();
+    engine.free(again);
+    engine.free(keep);
+    engine.empty_cache();
+    engine.check_invariants();
+    EXPECT_EQ(device.sim.chunk_bytes(), 0u) << "chunks leaked";
+  }
+  EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace gmem
+
+namespace gmem {
+namespace {
+
+// Four threads on one stream (their blocks share boundary pages) on a device small enough that
+// pages are stitched, while maps, set_access calls and creates fail now and then and a fifth
+// thread checks the invariants: every failure is reported and rolled back, nothing leaks.
+TEST(EngineThreadUnlockStress, FourThreadsShareAStreamWhileDeviceCallsFail) {
+  SimDeviceOptions o;
+  o.capacity = 256 * MiB;
+  GatedDevice device(o);
+  device.yield_in_calls();
+  {
+    Engine engine(device);
+    std::atomic<bool> done{false};
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937 rng(static_cast<unsigned>(t) + 7);
+        std::vector<void*> live;
+        for (int i = 0; i < 3000; ++i) {
+          if (t == 0 && i % 50 == 0) {
+            const DeviceCall calls[] = {DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk};
+            device.sim.fail_call(calls[(i / 50) % 3], 1 + rng() % 8);
+          }
+          if (!live.empty() && (rng() % 2 || live.size() > 24)) {
+            engine.free(live.back());
+            live.pop_back();
+            continue;
+          }
+          try {
+            live.push_back(engine.malloc(200 * KiB + rng() % (3 * MiB)));
+          } catch (const Error&) {  // injected, or out of memory
+            failures.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+        for (void* p : live) engine.free(p);
+      });
+    }
+    std::thread checker([&] {
+      while (!done.load()) engine.check_invariants();
+    });
+    for (auto& th : threads) th.join();
+    done = true;
+    checker.join();
+    device.sim.fail_call(DeviceCall::map, 0);
+    device.sim.fail_call(DeviceCall::set_access, 0);
+    device.sim.fail_call(DeviceCall::create_chunk, 0);
+    engine.check_invariants();
+    EXPECT_GT(failures.load(), 0);
+    EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
+    EXPECT_EQ(static_cast<std::int64_t>(device.sim.chunk_bytes()),
+              engine.stats().reserved_bytes[kAllPools].current);
+    engine.free(engine.malloc(64 * MiB));  // works on
+    engine.empty_cache();
+    EXPECT_EQ(device.sim.chunk_bytes(), 0u) << "chunks leaked";
+  }
+  EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace gmem
