@@ -11,34 +11,35 @@ namespace gmem::detail {
 std::size_t place_offline(std::vector<PlanBlock>& blocks) {
   // Largest first: the big blocks take the bottom, the small ones fill the gaps their lifetimes
   // leave. Each goes to the lowest offset where it overlaps (in bytes) no block already placed
-  // whose lifetime overlaps its own. O(n^2 log n): a step has a few thousand range mallocs, and
-  // a step is planned again only when it did not run its plan exactly.
+  // whose lifetime overlaps its own. The blocks placed so far are kept in offset order, so that
+  // one pass over them finds that offset. O(n^2): a step has a few thousand range mallocs, and
+  // a shape is planned again only when it did not run its plan exactly.
   std::vector<std::uint32_t> order(blocks.size());
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
     if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
     return blocks[a].start < blocks[b].start;
   });
-  std::vector<std::uint32_t> placed;
+  struct Placed {
+    std::size_t offset, end;
+    std::uint32_t start, stop;  // lifetime
+  };
+  std::vector<Placed> placed;  // by offset
   placed.reserve(blocks.size());
-  std::vector<std::pair<std::size_t, std::size_t>> busy;  // [offset, end) in use meanwhile
   std::size_t extent = 0;
   for (const std::uint32_t i : order) {
     PlanBlock& b = blocks[i];
-    busy.clear();
-    for (const std::uint32_t j : placed) {
-      const PlanBlock& o = blocks[j];
-      if (o.start < b.end && b.start < o.end) busy.emplace_back(o.offset, o.offset + o.size);
-    }
-    std::sort(busy.begin(), busy.end());
     std::size_t offset = 0;
-    for (const auto& [begin, end] : busy) {
-      if (begin >= offset + b.size) break;  // the gap below `begin` holds it
-      offset = std::max(offset, end);
+    for (const Placed& o : placed) {
+      if (o.offset >= offset + b.size) break;  // the gap below o holds it
+      if (o.start < b.end && b.start < o.stop) offset = std::max(offset, o.end);
     }
     b.offset = offset;
     extent = std::max(extent, offset + b.size);
-    placed.push_back(i);
+    const Placed mine{offset, offset + b.size, b.start, b.end};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), mine,
+                                   [](const Placed& x, const Placed& y) { return x.offset < y.offset; }),
+                  mine);
   }
   return extent;
 }
