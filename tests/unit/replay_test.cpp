@@ -311,10 +311,14 @@ TEST(Replay, DISABLED_PrintShuffledRounds) {
     lagged.step_ends = r.step_ends;
     lagged.mark_steps = marks;
     lagged.stop_at_event = r.prefix_end;
-    std::uint64_t before = [&] {
+    std::uint64_t before = 0;
+    double ns_before = 0, ops_before = 0;  // host time in the engine so far, and operations
+    {
       const ReplayResult result = replay(r.trace, lagged);
-      return result.creates + result.maps + result.unmaps;
-    }();
+      before = result.creates + result.maps + result.unmaps;
+      ops_before = static_cast<double>(result.mallocs + result.frees);
+      ns_before = result.ns_per_op * ops_before;
+    }
     std::printf("%s (seed %d): prefix %llu calls\n", marks ? "marked" : "unmarked", seed,
                 static_cast<unsigned long long>(before));
     for (int round = 0; round < kRounds; ++round) {
@@ -322,9 +326,13 @@ TEST(Replay, DISABLED_PrintShuffledRounds) {
       const ReplayResult result = replay(r.trace, lagged);
       EXPECT_FALSE(result.failed) << result.failure;
       const std::uint64_t calls = result.creates + result.maps + result.unmaps;
+      const double ops = static_cast<double>(result.mallocs + result.frees), ns = result.ns_per_op * ops;
       std::printf("  round %2d: %6llu calls, ratio %.4f, %.0f ns/op\n", round + 1,
-                  static_cast<unsigned long long>(calls - before), result.reserved_ratio(), result.ns_per_op);
+                  static_cast<unsigned long long>(calls - before), result.reserved_ratio(),
+                  (ns - ns_before) / (ops - ops_before));
       before = calls;
+      ns_before = ns;
+      ops_before = ops;
     }
   }
 }
