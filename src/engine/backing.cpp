@@ -181,8 +181,8 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
                                                        std::size_t requested) {
   if (plan_stream_ == kNoArena) plan_stream_ = si;
   if (si != plan_stream_) return take_online(si, bytes, requested);
-  const std::size_t offset = planner_.request(bytes);
-  if (offset != StepPlanner::kOnline) {
+  const StepPlanner::Ticket ticket = planner_.request(bytes);
+  if (const std::size_t offset = ticket.offset; offset != StepPlanner::kOnline) {
     if (plan_arena_ == kNoArena) plan_arena_ = add_arena(si, bytes, false);
     RangeAllocator& ranges = arenas_[plan_arena_]->ranges;
     const DevicePtr addr = ranges.base() + offset;
@@ -199,7 +199,7 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
         throw;
       }
       if (backed) {
-        planner_.taken(addr, true);
+        planner_.taken(ticket, addr, true);
         return {plan_arena_, node, addr};
       }
       // No memory for the plan's pages: online placement may still find some (or throws).
@@ -209,7 +209,7 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
     planner_.conflict();
   }
   const Taken taken = take_online(si, bytes, requested);
-  planner_.taken(taken.addr, false);
+  planner_.taken(ticket, taken.addr, false);
   return taken;
 }
 

@@ -55,6 +55,7 @@ void StepPlanner::mark_step() {
     shape.record.swap(step_);
     shape.planned = false;
   }
+  ++step_number_;
   step_.clear();
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
   clock_ = 0;
@@ -83,7 +84,7 @@ void StepPlanner::plan(Shape& shape) {
   stats_.extent = std::max(stats_.extent, extent);
 }
 
-std::size_t StepPlanner::request(std::size_t bytes) {
+StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
     Shape& shape = shapes_[bytes];
@@ -95,20 +96,23 @@ std::size_t StepPlanner::request(std::size_t bytes) {
     stats_.followed += plan_ != nullptr;
   }
   step_.push_back({bytes, clock_++, kAlive});
-  if (plan_ == nullptr) return kOnline;
+  Ticket ticket{step_number_, ordinal, kOnline};
+  if (plan_ == nullptr) return ticket;
   if (ordinal >= plan_->sizes.size() || plan_->sizes[ordinal] != bytes) {
     // The step left its plan: the rest of it goes online, and it is planned anew at its end.
     plan_ = nullptr;
     exact_ = false;
     ++stats_.mismatches;
-    return kOnline;
+    return ticket;
   }
-  return plan_->offsets[ordinal];
+  ticket.offset = plan_->offsets[ordinal];
+  return ticket;
 }
 
-void StepPlanner::taken(DevicePtr addr, bool planned) {
-  ordinal_of_[addr] = static_cast<std::uint32_t>(step_.size() - 1);
+void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) {
   stats_.hits += planned;
+  // A block whose step was marked over meanwhile outlives it: long-lived, not recorded.
+  if (ticket.step == step_number_) ordinal_of_[addr] = ticket.ordinal;
 }
 
 void StepPlanner::released(DevicePtr addr) {

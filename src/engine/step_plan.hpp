@@ -46,11 +46,17 @@ class StepPlanner {
   void mark_step();
 
   // The next range malloc of the step, of `bytes`: where the plan puts it in the plan region
-  // (an offset), or kOnline. Records it either way; `taken(addr)` must follow.
-  std::size_t request(std::size_t bytes);
-  // The block of the last request() got address `addr` (wherever it went); `planned`: at its
-  // planned offset.
-  void taken(DevicePtr addr, bool planned);
+  // (`offset`, or kOnline). Records it either way; `taken` follows once it has an address.
+  struct Ticket {
+    std::uint64_t step;  // the step it was requested in
+    std::uint32_t ordinal;
+    std::size_t offset;
+  };
+  Ticket request(std::size_t bytes);
+  // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
+  // offset. A malloc's device calls are made with the engine's lock released, so other mallocs,
+  // frees and marks may come between a request and its `taken`: the ticket says which record.
+  void taken(const Ticket& ticket, DevicePtr addr, bool planned);
   // A planned block could not take its offset (the range was not free): the lifetimes did not
   // hold, so the step is planned again at its end.
   void conflict() { exact_ = false; ++stats_.conflicts; }
@@ -83,6 +89,7 @@ class StepPlanner {
   std::vector<Recorded> step_;
   std::unordered_map<DevicePtr, std::uint32_t> ordinal_of_;  // this step's live blocks
   std::uint32_t clock_ = 0;
+  std::uint64_t step_number_ = 0;  // steps marked so far
   const Plan* plan_ = nullptr;
   bool exact_ = true;  // the step has followed its plan so far
   // Plans by the size of their step's first range malloc (each shape's first request differs

@@ -245,6 +245,19 @@ TEST(Replay, ShapesTakingTurnsWithStepMarksSettleAtPeak) {
   EXPECT_LE(ratio, 1.02);
 }
 
+TEST(Replay, InvariantsHoldWithStepMarks) {
+  // Plans followed, left and made again over two shuffled rounds, checked every ~20k operations.
+  const ShuffledRounds r = shuffled_rounds(2, 3);
+  ReplayOptions options;
+  options.lag_us = kGpuLagUs;
+  options.step_ends = r.step_ends;
+  options.mark_steps = true;
+  options.check_invariants = true;
+  options.check_every = 20011;
+  const ReplayResult result = replay(r.trace, options);
+  EXPECT_FALSE(result.failed) << result.failure;
+}
+
 TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
   // llama_ckpt_varlen draws a sequence length per step, and each length lays its blocks out
   // differently. Its steps replayed again and again in shuffled order: at first every step
