@@ -180,7 +180,8 @@ class Backing {
 
   // --- planned step layouts (step_plan.hpp) -----------------------------------------------------
   // A training step ends: from now on the range mallocs of one stream (the first to make one)
-  // are recorded step by step, and a step seen before takes its planned offsets.
+  // are recorded step by step, and once shapes take turns a step whose shape was seen before
+  // takes its planned offsets.
   void mark_step() { planner_.mark_step(); }
   const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
 

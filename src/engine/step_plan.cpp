@@ -109,10 +109,15 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   return ticket;
 }
 
-void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) {
+void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept {
   stats_.hits += planned;
   // A block whose step was marked over meanwhile outlives it: long-lived, not recorded.
-  if (ticket.step == step_number_) ordinal_of_[addr] = ticket.ordinal;
+  if (ticket.step != step_number_) return;
+  try {
+    ordinal_of_[addr] = ticket.ordinal;
+  } catch (...) {  // the block is the caller's already: it stays unrecorded (long-lived)
+    exact_ = false;
+  }
 }
 
 void StepPlanner::released(DevicePtr addr) {

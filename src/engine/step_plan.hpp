@@ -1,9 +1,9 @@
-// Planned step layouts (an experiment, behind Engine::mark_step): the range mallocs of a training
-// step, recorded with when each was freed, and placed offline at the step's end so that blocks
-// whose lifetimes overlap never share bytes and blocks that follow one another reuse the same
-// addresses. The next time a step with the same first request comes, its mallocs take the
-// planned offsets (in a virtual range of their own, the plan region) as long as each request
-// matches the plan (same size at the same ordinal).
+// Planned step layouts (behind Engine::mark_step): the range mallocs of a training step, recorded
+// with when each was freed, and placed offline when a step with the same first request (a shape)
+// comes back, so that blocks whose lifetimes overlap never share bytes and blocks that follow one
+// another reuse the same addresses. That step's mallocs then take the planned offsets (in a
+// virtual range of their own, the plan region) as long as each request matches the plan (same
+// size at the same ordinal). Plans are followed only once shapes take turns (below).
 //
 // Why: best fit in one shared range gives the same pages, within one step, to blocks of different
 // lifetimes, and a fixed chunk per page then needs up to 1.09 times the pages in use at once
@@ -41,8 +41,8 @@ class StepPlanner {
   // Whether steps have been marked: until then the planner records nothing.
   bool active() const { return active_; }
 
-  // A step ends (and the next begins): plans the step just recorded, unless it ran its plan
-  // exactly, and starts recording the next.
+  // A step ends (and the next begins): keeps the step just recorded as its shape's record (to be
+  // planned when the shape comes back), unless it ran its plan exactly; starts the next.
   void mark_step();
 
   // The next range malloc of the step, of `bytes`: where the plan puts it in the plan region
@@ -56,7 +56,7 @@ class StepPlanner {
   // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
   // offset. A malloc's device calls are made with the engine's lock released, so other mallocs,
   // frees and marks may come between a request and its `taken`: the ticket says which record.
-  void taken(const Ticket& ticket, DevicePtr addr, bool planned);
+  void taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept;
   // A planned block could not take its offset (the range was not free): the lifetimes did not
   // hold, so the step is planned again at its end.
   void conflict() { exact_ = false; ++stats_.conflicts; }
