@@ -23,7 +23,7 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--capacity BYTES] [--lag US]"
+    "usage: gmem replay [--json] [--plan] [--capacity BYTES] [--lag US]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -52,6 +52,7 @@ const char kReplayUsage[] =
     "  --lag US          how far the GPU runs behind the host, in microseconds (default 2000:\n"
     "                    PyTorch's host typically runs several ms ahead of a busy GPU; 0: stream\n"
     "                    work completes at once, the model of earlier gmem versions)\n"
+    "  --plan            mark the steps found (Engine::mark_step): planned step layouts\n"
     "  --json            one JSON object per trace, one per line\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
@@ -170,6 +171,8 @@ int replay_command(const Args& args) {
       if (options.capacity == 0) throw UsageError("--capacity must be more than 0");
     } else if (a.starts_with("--capacity=")) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
+    } else if (a == "--plan") {
+      options.mark_steps = true;
     } else if (a == "--lag") {
       options.lag_us = parse_lag(option_value(args, i));
     } else if (a.starts_with("-") && a != "-") {
@@ -188,7 +191,9 @@ int replay_command(const Args& args) {
     const trace::Trace t = read_trace_argument(file, limits);
     options.step_ends = step_ends(t);
     const trace::ReplayResult r = trace::replay(t, options);
-    const std::uint64_t min_cap = trace::min_capacity(t, options.lag_us);
+    const std::uint64_t min_cap = trace::min_capacity(
+        t, options.lag_us, std::size_t{2} << 20,
+        options.mark_steps ? options.step_ends : std::vector<std::size_t>{});
     if (as_json) {
       std::printf("%s\n", json_line(r, file, min_cap).c_str());
       std::fflush(stdout);

@@ -57,6 +57,13 @@ class Engine final {
   void record_stream(void* ptr, StreamId stream);
 
 
+  // A training step ends here (between its last free and the next step's first malloc). Once
+  // steps are marked, the engine records each step's block requests and lifetimes and lays out
+  // the next occurrence of the same step from that record (a plan), so that its blocks need
+  // only as many pages as the plan's extent and a repeated step maps nothing. Without marks
+  // nothing changes. docs/engine.md, "Planned step layouts".
+  void mark_step();
+
   // Gives every free chunk back to the device (waits for streams where needed).
   void empty_cache();
   void set_memory_limit(std::size_t bytes);  // 0 = the device's total; see EngineOptions

@@ -88,7 +88,7 @@ bool Backing::in_arenas(DevicePtr ptr) const {
   return false;
 }
 
-std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
+std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes, bool listed) {
   const std::size_t size =
       std::max(arena_size_, (min_bytes + granularity_ - 1) / granularity_ * granularity_);
   DevicePtr base = 0;
@@ -101,7 +101,7 @@ std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
   }
   try {
     arenas_.reserve(arenas_.size() + 1);
-    streams_.arenas(si).reserve(streams_.arenas(si).size() + 1);
+    if (listed) streams_.arenas(si).reserve(streams_.arenas(si).size() + 1);
     auto arena = std::make_unique<Arena>(base, size, size >> page_shift_, si);
     client_.arena_added();  // the slabs' classes for it
     arenas_.push_back(std::move(arena));
@@ -110,7 +110,7 @@ std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes) {
     throw;
   }
   const auto index = static_cast<std::uint32_t>(arenas_.size() - 1);
-  streams_.arenas(si).push_back(index);
+  if (listed) streams_.arenas(si).push_back(index);
   return index;
 }
 
@@ -152,7 +152,7 @@ Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
   return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
 }
 
-Backing::Taken Backing::take_range(std::uint32_t si, std::size_t bytes, std::size_t requested) {
+Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::size_t requested) {
   const Placement place_at = place(si, bytes);
   RangeAllocator& ranges = arenas_[place_at.arena]->ranges;
   const NodeId node = ranges.take(place_at.node, bytes, place_at.offset);
@@ -175,9 +175,51 @@ Backing::Taken Backing::take_range(std::uint32_t si, std::size_t bytes, std::siz
   return {place_at.arena, node, ranges.node(node).addr};
 }
 
+// A range malloc while steps are marked: at its planned offset in the plan region when the step
+// follows a plan and that range is free (it is, if the step's lifetimes repeat), else online.
+[[gnu::noinline]] Backing::Taken Backing::take_planned(std::uint32_t si, std::size_t bytes,
+                                                       std::size_t requested) {
+  if (plan_stream_ == kNoArena) plan_stream_ = si;
+  if (si != plan_stream_) return take_online(si, bytes, requested);
+  const StepPlanner::Ticket ticket = planner_.request(bytes);
+  if (const std::size_t offset = ticket.offset; offset != StepPlanner::kOnline) {
+    if (plan_arena_ == kNoArena) plan_arena_ = add_arena(si, bytes, false);
+    RangeAllocator& ranges = arenas_[plan_arena_]->ranges;
+    const DevicePtr addr = ranges.base() + offset;
+    const NodeId free = offset + bytes <= ranges.size() ? plan_region_.free_node(ranges, addr, bytes) : kNoNode;
+    if (free != kNoNode) {
+      const NodeId node = ranges.take(free, bytes, addr - ranges.node(free).addr);
+      bool backed = false;
+      try {
+        plan_region_.add(addr, node);
+        backed = back_pages(plan_arena_, addr, bytes);
+      } catch (...) {
+        plan_region_.remove(addr);
+        ranges.release(node);
+        throw;
+      }
+      if (backed) {
+        planner_.taken(ticket, addr, true);
+        return {plan_arena_, node, addr};
+      }
+      // No memory for the plan's pages: online placement may still find some (or throws).
+      plan_region_.remove(addr);
+      ranges.release(node);
+    }
+    planner_.conflict();
+  }
+  const Taken taken = take_online(si, bytes, requested);
+  planner_.taken(ticket, taken.addr, false);
+  return taken;
+}
+
 void Backing::release_range(std::uint32_t arena, NodeId node) {
   RangeAllocator& ranges = arenas_[arena]->ranges;
   const RangeNode& n = ranges.node(node);
+  if (planner_.active()) [[unlikely]] {
+    planner_.released(n.addr);
+    if (arena == plan_arena_) plan_region_.remove(n.addr);
+  }
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
   ranges.release(node);
 }

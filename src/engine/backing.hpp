@@ -25,7 +25,9 @@
 #include "engine/freed_pages.hpp"
 #include "engine/observer.hpp"
 #include "engine/page_table.hpp"
+#include "engine/plan_region.hpp"
 #include "engine/range_allocator.hpp"
+#include "engine/step_plan.hpp"
 #include "engine/streams.hpp"
 #include "gmem/device.hpp"
 #include "gmem/engine.hpp"
@@ -167,9 +169,21 @@ class Backing {
     DevicePtr addr;
   };
   // A used range of `bytes` in one of stream `si`'s arenas, backed by mapped pages; throws
-  // OutOfMemoryError (for `requested` bytes) or DeviceError with nothing changed.
-  Taken take_range(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  // OutOfMemoryError (for `requested` bytes) or DeviceError with nothing changed. `plannable`:
+  // a block's own range (not a slab's), which a planned step layout may place (mark_step).
+  Taken take_range(std::uint32_t si, std::size_t bytes, std::size_t requested,
+                   bool plannable = false) {
+    if (plannable && planner_.active()) [[unlikely]] return take_planned(si, bytes, requested);
+    return take_online(si, bytes, requested);
+  }
   void release_range(std::uint32_t arena, NodeId node);
+
+  // --- planned step layouts (step_plan.hpp) -----------------------------------------------------
+  // A training step ends: from now on the range mallocs of one stream (the first to make one)
+  // are recorded step by step, and once shapes take turns a step whose shape was seen before
+  // takes its planned offsets.
+  void mark_step() { planner_.mark_step(); }
+  const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
 
   // --- reclaiming ---------------------------------------------------------------------------------
   // Gives back free chunks until at most `bytes` are held (waits for streams with `wait`).
@@ -213,11 +227,14 @@ class Backing {
     std::size_t offset;  // into the free range
   };
   Placement place(std::uint32_t si, std::size_t bytes);
+  Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
   // Whether the free page's chunk may serve its arena now without a device call.
   bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const;
   bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
-  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes);
+  // `listed`: among the stream's arenas, where online placement looks (the plan region is not).
+  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool listed = true);
   std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
                                                 std::size_t bytes) const;
   bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
@@ -309,6 +326,13 @@ class Backing {
   std::vector<PageRun> runs_;
   std::vector<std::uint32_t> unused_runs_;
   std::size_t live_runs_ = 0;  // none: the passes over pages need not look for runs
+  // Planned step layouts: the planner, the stream whose steps it records, and the plan region
+  // (an arena of that stream that online placement never uses).
+  static constexpr std::uint32_t kNoArena = ~std::uint32_t{0};
+  StepPlanner planner_;
+  std::uint32_t plan_stream_ = kNoArena;
+  std::uint32_t plan_arena_ = kNoArena;
+  PlanRegion plan_region_;
 };
 
 }  // namespace gmem::detail

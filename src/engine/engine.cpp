@@ -84,7 +84,7 @@ DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::
 
 DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
                                      Record& record) {
-  const detail::Backing::Taken range = backing_.take_range(si, rounded, size);
+  const detail::Backing::Taken range = backing_.take_range(si, rounded, size, true);
   const bool small = rounded <= kSmallLimit;
   accounting_.count_range_taken(rounded, small);
   record.arena = range.arena;
@@ -205,6 +205,11 @@ void Engine::Impl::record_stream(void* p, StreamId stream) {
   record->shared = true;
 }
 
+void Engine::Impl::mark_step() {
+  std::lock_guard lock(mutex_);
+  backing_.mark_step();
+}
+
 void Engine::Impl::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   accounting_.reset_peaks();
@@ -224,6 +229,7 @@ void* Engine::malloc(std::size_t size, StreamId stream) { return impl_->malloc(s
 void Engine::free(void* ptr) { impl_->free(ptr); }
 void Engine::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }
 void Engine::empty_cache() { impl_->empty_cache(); }
+void Engine::mark_step() { impl_->mark_step(); }
 void Engine::set_memory_limit(std::size_t bytes) { impl_->set_memory_limit(bytes); }
 void Engine::set_memory_fraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))

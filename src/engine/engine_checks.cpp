@@ -113,6 +113,13 @@ std::int64_t Backing::check_invariants() const {
       for (std::size_t i = first; i <= last; ++i) ++refs[a][i];
     }
     if (expect != ranges.base() + ranges.size()) violated("arena ranges end short");
+    if (a == plan_arena_) {  // the plan region's used ranges are all in its map, and only they
+      std::size_t used_ranges = 0;
+      for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next)
+        if (!ranges.node(id).free && (++used_ranges, !plan_region_.contains(ranges.node(id).addr, id)))
+          violated("a used range of the plan region is not in its map");
+      if (used_ranges != plan_region_.size()) violated("the plan region's map holds ranges not used");
+    }
     if (free_count != ranges.free_ranges()) violated("free range count differs from the bins");
   }
   // Pages: references match, used pages are mapped, and pages and chunks agree on the mappings;

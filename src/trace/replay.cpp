@@ -148,6 +148,8 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   std::chrono::nanoseconds engine_time{0};
   DeviceCounts at_half{};
   std::size_t done = 0;
+  std::size_t next_mark = 0;  // into options.step_ends, when marking them
+  const std::size_t marks = options.mark_steps ? options.step_ends.size() : 0;
   try {
     while (done < n) {
       std::size_t end = n;
@@ -156,6 +158,12 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
       const auto start = std::chrono::steady_clock::now();
       for (; done < end; ++done) {
         const Op& op = program.ops[done];
+        // Step ends before this op's event are marked before it (a step end is an op's event,
+        // so the mark comes right after that op).
+        while (next_mark < marks && options.step_ends[next_mark] < op.event) [[unlikely]] {
+          engine.mark_step();
+          ++next_mark;
+        }
         // The host clock follows the trace from where it stands: after a modelled wait, the
         // rest of the trace happens that much later.
         if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
@@ -228,18 +236,23 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   return run(trace, compile(trace), options);
 }
 
-std::size_t min_capacity(const Trace& trace, double lag_us, std::size_t granularity) {
+std::size_t min_capacity(const Trace& trace, double lag_us, std::size_t granularity,
+                         const std::vector<std::size_t>& marked_step_ends) {
   const Program program = compile(trace);
   if (program.peak_allocated == 0) return 0;
   auto runs = [&](std::size_t capacity) {
     ReplayOptions options;
     options.capacity = capacity;
     options.lag_us = lag_us;
+    options.step_ends = marked_step_ends;
+    options.mark_steps = !marked_step_ends.empty();
     return !run(trace, program, options).failed;
   };
   // The replay on a device as large as need be bounds the answer from above.
   ReplayOptions roomy;
   roomy.lag_us = lag_us;
+  roomy.step_ends = marked_step_ends;
+  roomy.mark_steps = !marked_step_ends.empty();
   roomy.capacity = std::max<std::size_t>(roomy.capacity, round_up(4 * program.peak_allocated, granularity));
   const ReplayResult unlimited = run(trace, program, roomy);
   if (unlimited.failed) return 0;

@@ -32,6 +32,8 @@ struct ReplayOptions {
   // Indices of the trace events after which a training step ends, ascending, when the caller
   // knows them (analysis::step_ends_from_live_minima, say): the result then counts steps.
   std::vector<std::size_t> step_ends;
+  // Call Engine::mark_step() after each of `step_ends` (planned step layouts).
+  bool mark_steps = false;
   // Called when the replay stops, the engine still holding the live blocks (for summaries), with
   // each live block's engine pointer and the index of the trace event that allocated it.
   std::function<void(const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live)>
@@ -95,7 +97,9 @@ void check_trace(const Trace& trace);
 // The smallest device capacity, a multiple of `granularity`, on which the replay has no failed
 // malloc (bisection between peak allocated and what an unlimited replay reserved), with the GPU
 // `lag_us` behind the host (ReplayOptions::lag_us).
+// `marked_step_ends`: step ends to mark (ReplayOptions::mark_steps), none by default.
 std::size_t min_capacity(const Trace& trace, double lag_us = 0,
-                         std::size_t granularity = std::size_t{2} << 20);
+                         std::size_t granularity = std::size_t{2} << 20,
+                         const std::vector<std::size_t>& marked_step_ends = {});
 
 }  // namespace gmem::trace

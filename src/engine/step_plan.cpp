@@ -1,0 +1,130 @@
+// Recording a step's range mallocs, placing them offline at its end, and serving the next
+// occurrence from the plan (step_plan.hpp says why).
+#include "engine/step_plan.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+namespace gmem::detail {
+
+std::size_t place_offline(std::vector<PlanBlock>& blocks) {
+  // Largest first: the big blocks take the bottom, the small ones fill the gaps their lifetimes
+  // leave. Each goes to the lowest offset where it overlaps (in bytes) no block already placed
+  // whose lifetime overlaps its own. The blocks placed so far are kept in offset order, so that
+  // one pass over them finds that offset. O(n^2): a step has a few thousand range mallocs, and
+  // a shape is planned again only when it did not run its plan exactly.
+  std::vector<std::uint32_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
+    return blocks[a].start < blocks[b].start;
+  });
+  struct Placed {
+    std::size_t offset, end;
+    std::uint32_t start, stop;  // lifetime
+  };
+  std::vector<Placed> placed;  // by offset
+  placed.reserve(blocks.size());
+  std::size_t extent = 0;
+  for (const std::uint32_t i : order) {
+    PlanBlock& b = blocks[i];
+    std::size_t offset = 0;
+    for (const Placed& o : placed) {
+      if (o.offset >= offset + b.size) break;  // the gap below o holds it
+      if (o.start < b.end && b.start < o.stop) offset = std::max(offset, o.end);
+    }
+    b.offset = offset;
+    extent = std::max(extent, offset + b.size);
+    const Placed mine{offset, offset + b.size, b.start, b.end};
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), mine,
+                                   [](const Placed& x, const Placed& y) { return x.offset < y.offset; }),
+                  mine);
+  }
+  return extent;
+}
+
+void StepPlanner::mark_step() {
+  if (!active_) {
+    active_ = true;  // the first mark: recording starts with the next step
+  } else if (!step_.empty() &&
+             !(plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size())) {
+    // Not the plan's step, or not exactly: keep what it did, planned when the shape comes back
+    // (most one-off shapes never do; planning costs O(n^2) in the step's blocks).
+    Shape& shape = shapes_[step_[0].size];
+    shape.record.swap(step_);
+    shape.planned = false;
+  }
+  ++step_number_;
+  step_.clear();
+  ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
+  clock_ = 0;
+  plan_ = nullptr;
+  exact_ = true;
+}
+
+void StepPlanner::plan(Shape& shape) {
+  std::vector<PlanBlock> blocks;
+  std::vector<std::uint32_t> index;  // the ordinal of each of `blocks`
+  for (std::uint32_t k = 0; k < shape.record.size(); ++k) {
+    const Recorded& r = shape.record[k];
+    if (r.end == kAlive) continue;  // long-lived: stays online
+    blocks.push_back({r.size, r.start, r.end});
+    index.push_back(k);
+  }
+  const std::size_t extent = place_offline(blocks);
+  Plan& plan = shape.plan;
+  plan.sizes.clear();
+  for (const Recorded& r : shape.record) plan.sizes.push_back(r.size);
+  plan.offsets.assign(shape.record.size(), kOnline);
+  for (std::size_t b = 0; b < blocks.size(); ++b) plan.offsets[index[b]] = blocks[b].offset;
+  shape.record = {};
+  shape.planned = true;
+  ++stats_.plans;
+  stats_.extent = std::max(stats_.extent, extent);
+}
+
+StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
+  const auto ordinal = static_cast<std::uint32_t>(step_.size());
+  if (ordinal == 0) {
+    Shape& shape = shapes_[bytes];
+    if (++shape.steps >= 2 && bytes != last_shape_) taking_turns_ = true;
+    last_shape_ = bytes;
+    if (taking_turns_ && !shape.planned && !shape.record.empty()) plan(shape);
+    plan_ = taking_turns_ && shape.planned ? &shape.plan : nullptr;
+    exact_ = plan_ != nullptr;
+    stats_.followed += plan_ != nullptr;
+  }
+  step_.push_back({bytes, clock_++, kAlive});
+  Ticket ticket{step_number_, ordinal, kOnline};
+  if (plan_ == nullptr) return ticket;
+  if (ordinal >= plan_->sizes.size() || plan_->sizes[ordinal] != bytes) {
+    // The step left its plan: the rest of it goes online, and it is planned anew at its end.
+    plan_ = nullptr;
+    exact_ = false;
+    ++stats_.mismatches;
+    return ticket;
+  }
+  ticket.offset = plan_->offsets[ordinal];
+  return ticket;
+}
+
+void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept {
+  stats_.hits += planned;
+  // A block whose step was marked over meanwhile outlives it: long-lived, not recorded.
+  if (ticket.step != step_number_) return;
+  try {
+    ordinal_of_[addr] = ticket.ordinal;
+  } catch (...) {  // the block is the caller's already: it stays unrecorded (long-lived)
+    exact_ = false;
+  }
+}
+
+void StepPlanner::released(DevicePtr addr) {
+  const auto it = ordinal_of_.find(addr);
+  if (it == ordinal_of_.end()) return;
+  step_[it->second].end = clock_++;
+  ordinal_of_.erase(it);
+}
+
+}  // namespace gmem::detail

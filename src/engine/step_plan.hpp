@@ -1,0 +1,114 @@
+// Planned step layouts (behind Engine::mark_step): the range mallocs of a training step, recorded
+// with when each was freed, and placed offline when a step with the same first request (a shape)
+// comes back, so that blocks whose lifetimes overlap never share bytes and blocks that follow one
+// another reuse the same addresses. That step's mallocs then take the planned offsets (in a
+// virtual range of their own, the plan region) as long as each request matches the plan (same
+// size at the same ordinal). Plans are followed only once shapes take turns (below).
+//
+// Why: best fit in one shared range gives the same pages, within one step, to blocks of different
+// lifetimes, and a fixed chunk per page then needs up to 1.09 times the pages in use at once
+// (docs/engine.md, "Shapes taking turns"). A plan whose blocks' lifetimes never overlap at the
+// same address needs only its extent, one chunk per page, and a repeated step maps nothing.
+//
+// Knows offsets and ordinals only, no pages or devices: Backing asks it where a malloc goes and
+// tells it what was freed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "gmem/device.hpp"
+
+namespace gmem::detail {
+
+// The greedy offline placement: largest first (ties: earliest), each at the lowest offset free
+// over its whole lifetime among those placed before it. `start`/`end`: the step's clock (mallocs
+// and frees counted) when the block was taken and given back; end > start.
+struct PlanBlock {
+  std::size_t size;
+  std::uint32_t start, end;
+  std::size_t offset = 0;  // out
+};
+// Places `blocks` (offsets written in); returns the extent (the highest end).
+std::size_t place_offline(std::vector<PlanBlock>& blocks);
+
+class StepPlanner {
+ public:
+  static constexpr std::size_t kOnline = ~std::size_t{0};  // not planned: placed online
+
+  // Whether steps have been marked: until then the planner records nothing.
+  bool active() const { return active_; }
+
+  // A step ends (and the next begins): keeps the step just recorded as its shape's record (to be
+  // planned when the shape comes back), unless it ran its plan exactly; starts the next.
+  void mark_step();
+
+  // The next range malloc of the step, of `bytes`: where the plan puts it in the plan region
+  // (`offset`, or kOnline). Records it either way; `taken` follows once it has an address.
+  struct Ticket {
+    std::uint64_t step;  // the step it was requested in
+    std::uint32_t ordinal;
+    std::size_t offset;
+  };
+  Ticket request(std::size_t bytes);
+  // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
+  // offset. A malloc's device calls are made with the engine's lock released, so other mallocs,
+  // frees and marks may come between a request and its `taken`: the ticket says which record.
+  void taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept;
+  // A planned block could not take its offset (the range was not free): the lifetimes did not
+  // hold, so the step is planned again at its end.
+  void conflict() { exact_ = false; ++stats_.conflicts; }
+  // The block at `addr` was freed (any block; only this step's are recorded).
+  void released(DevicePtr addr);
+
+  struct Stats {
+    std::uint64_t plans = 0;       // plans made
+    std::uint64_t hits = 0;        // mallocs placed at a planned offset
+    std::uint64_t mismatches = 0;  // steps whose requests left their plan
+    std::uint64_t conflicts = 0;   // planned offsets found taken
+    std::uint64_t followed = 0;    // steps that began on a plan
+    std::size_t extent = 0;        // the largest plan's extent
+  };
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Plan {
+    std::vector<std::size_t> sizes;    // by ordinal
+    std::vector<std::size_t> offsets;  // by ordinal: kOnline for blocks alive at the step's end
+  };
+  struct Recorded {
+    std::size_t size;
+    std::uint32_t start, end;  // end: kAlive until freed in the step
+  };
+  static constexpr std::uint32_t kAlive = ~std::uint32_t{0};
+
+  bool active_ = false;
+  // The step being recorded, and the plan it follows (nullptr: none, or left at a mismatch).
+  std::vector<Recorded> step_;
+  std::unordered_map<DevicePtr, std::uint32_t> ordinal_of_;  // this step's live blocks
+  std::uint32_t clock_ = 0;
+  std::uint64_t step_number_ = 0;  // steps marked so far
+  const Plan* plan_ = nullptr;
+  bool exact_ = true;  // the step has followed its plan so far
+  // Plans by the size of their step's first range malloc (each shape's first request differs
+  // where shapes take turns: an activation's size depends on the length), with how many steps
+  // began with it.
+  struct Shape {
+    std::uint32_t steps = 0;
+    bool planned = false;
+    Plan plan;
+    std::vector<Recorded> record;  // its last step, until planned
+  };
+  void plan(Shape& shape);  // from its record
+  std::unordered_map<std::size_t, Shape> shapes_;
+  // Plans are followed only once shapes take turns: a shape comes back after another one ran. A
+  // single shape's online layout repeats by itself and settles (best fit depends on the free
+  // ranges alone), and moving it to the plan region would cost a map of every page it uses.
+  bool taking_turns_ = false;
+  std::size_t last_shape_ = 0;  // the first request of the last step
+  Stats stats_;
+};
+
+}  // namespace gmem::detail
