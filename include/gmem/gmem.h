@@ -39,6 +39,14 @@ gmem_status_t gmem_set_memory_fraction(int device, double fraction);
 gmem_status_t gmem_reset_peak_stats(int device);
 gmem_status_t gmem_reset_accumulated_stats(int device);
 
+/* A training step ended on `device` (-1 = current): between one step's last free and the next
+ * step's first malloc (after the optimizer's step, or before the forward). Once steps are marked,
+ * a step that comes back after other shapes ran (sequence lengths taking turns) is laid out from
+ * its last occurrence, so that it needs no device call and no more memory than its peak
+ * (docs/engine.md, "Planned step layouts"). Without marks nothing changes. gmem.torch.enable()
+ * marks a step after every optimizer step. */
+gmem_status_t gmem_mark_step(int device);
+
 /* One statistic by its PyTorch-style name, e.g. "allocated_bytes.all.current". */
 gmem_status_t gmem_stat(int device, const char* name, int64_t* value);
 /* All statistics as "name value\n" lines into buf (NUL-terminated); *needed gets the full size

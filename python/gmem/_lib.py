@@ -32,6 +32,7 @@ _PROTOTYPES = {
     "gmem_free": (_status, [ctypes.c_void_p]),
     "gmem_record_stream": (_status, [ctypes.c_void_p, _uintptr]),
     "gmem_empty_cache": (_status, [ctypes.c_int]),
+    "gmem_mark_step": (_status, [ctypes.c_int]),
     "gmem_set_memory_limit": (_status, [ctypes.c_int, ctypes.c_size_t]),
     "gmem_set_memory_fraction": (_status, [ctypes.c_int, ctypes.c_double]),
     "gmem_reset_peak_stats": (_status, [ctypes.c_int]),

@@ -128,6 +128,15 @@ def empty_cache(device=None):
     _lib.check(_lib.lib().gmem_empty_cache(device_index(device)))
 
 
+def mark_step(device=None):
+    """A training step ended (between its last free and the next step's first malloc). Once steps
+    are marked, a step that comes back after other shapes ran (sequence lengths taking turns) is
+    laid out from its last occurrence: no device calls and no more memory than its peak. Without
+    marks nothing changes. gmem.torch.enable() marks a step after every optimizer step; call this
+    yourself in a loop without a torch.optim optimizer."""
+    _lib.check(_lib.lib().gmem_mark_step(device_index(device)))
+
+
 def set_memory_limit(limit, device=None):
     """Caps the memory gmem may hold. An int is bytes (0 = the device's total, no cap); a float
     in (0, 1] is a fraction of the device's total memory."""

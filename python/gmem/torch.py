@@ -58,7 +58,7 @@ _FALLBACK = (
     "C++ do not.")
 
 _state = {"allocator": None, "entry_points": None, "originals": {}, "mode": None,
-          "fallback_warned": False}
+          "fallback_warned": False, "step_hook": None}
 
 
 def is_enabled():
@@ -104,8 +104,21 @@ def enable(oom_shim=True, _allow_simulated=False, full=None):
             _warn_fallback(str(e))
         else:
             _install_full(library)
+            _mark_steps_at_optimizer_steps(torch)
             return
     _enable_pluggable(torch, oom_shim)
+    _mark_steps_at_optimizer_steps(torch)
+
+
+def _mark_steps_at_optimizer_steps(torch):
+    """gmem.mark_step() after every optimizer step (torch.optim's global step post-hook), so that
+    steps whose shapes take turns are laid out from their last occurrence without a change to the
+    training loop (docs/engine.md, "Planned step layouts")."""
+    optimizer = getattr(getattr(torch, "optim", None), "optimizer", None)
+    register = getattr(optimizer, "register_optimizer_step_post_hook", None)
+    if register is None or _state["step_hook"] is not None:
+        return
+    _state["step_hook"] = register(lambda opt, args, kwargs: memory.mark_step())
 
 
 def _warn_fallback(reason):
@@ -346,4 +359,6 @@ def _reset_for_tests():
     """Undoes the patches and forgets the allocator (PyTorch itself cannot swap back)."""
     for (module, name), original in _state["originals"].items():
         setattr(module, name, original)
-    _state.update(allocator=None, entry_points=None, originals={}, mode=None)
+    if _state["step_hook"] is not None:
+        _state["step_hook"].remove()
+    _state.update(allocator=None, entry_points=None, originals={}, mode=None, step_hook=None)

@@ -152,6 +152,10 @@ gmem_status_t gmem_empty_cache(int device) {
   return guarded("gmem_empty_cache", [&] { gmem::capi::context(device).engine->empty_cache(); });
 }
 
+gmem_status_t gmem_mark_step(int device) {
+  return guarded("gmem_mark_step", [&] { gmem::capi::context(device).engine->mark_step(); });
+}
+
 gmem_status_t gmem_set_memory_limit(int device, size_t bytes) {
   return guarded("gmem_set_memory_limit",
                  [&] { gmem::capi::context(device).engine->set_memory_limit(bytes); });

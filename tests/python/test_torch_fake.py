@@ -69,6 +69,16 @@ def fake_torch(torch_dir="/nonexistent/torch", initialized=False, swap_error=Non
     return torch
 
 
+class Remover:
+    """A hook handle: remove() takes `hook` out of `hooks`."""
+
+    def __init__(self, hooks, hook):
+        self.hooks, self.hook = hooks, hook
+
+    def remove(self):
+        self.hooks.remove(self.hook)
+
+
 class TorchFakeTestCase(unittest.TestCase):
     def install(self, torch, full=False):
         """Puts `torch` in sys.modules; full=False asks for the pluggable route
@@ -109,6 +119,28 @@ class EnableTest(TorchFakeTestCase):
         })
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
         self.assertEqual(len(torch.swapped), 1, "enable() twice swaps once")
+
+    def test_marks_a_step_after_every_optimizer_step(self):
+        torch = fake_torch()
+        hooks = []
+
+        def register(hook):  # torch.optim.optimizer.register_optimizer_step_post_hook
+            hooks.append(hook)
+            return Remover(hooks, hook)
+
+        torch.optim = types.SimpleNamespace(
+            optimizer=types.SimpleNamespace(register_optimizer_step_post_hook=register))
+        self.install(torch)
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        self.assertEqual(len(hooks), 1, "one global hook, however often enable() runs")
+        with mock.patch.object(gmem.memory, "mark_step") as mark_step:
+            hooks[0](object(), (), {})  # what torch.optim runs after optimizer.step()
+            hooks[0](object(), (), {})
+        self.assertEqual(mark_step.call_count, 2)
+        hooks[0](object(), (), {})  # the real one: a step mark on the (simulated) device engine
+        gmem.torch._reset_for_tests()
+        self.assertEqual(hooks, [], "the hook is removed with the rest")
 
     def test_statistics_are_answered_by_gmem(self):
         torch = self.install(fake_torch())

@@ -77,6 +77,7 @@ TEST_F(CApi, BadArgumentsAreRejectedWithAMessage) {
   EXPECT_TRUE(contains(last_error(), "device 1 does not exist")) << last_error();
   EXPECT_EQ(ptr, nullptr);
   EXPECT_EQ(gmem_empty_cache(7), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(gmem_mark_step(7), GMEM_ERROR_INVALID_ARGUMENT);
   // -1 is the current device; no other negative number is a device.
   EXPECT_EQ(gmem_malloc(&ptr, 100, -7, 0), GMEM_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(last_error(), "device -7")) << last_error();
