@@ -169,6 +169,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
         stats = gmem.memory_stats()
         record.update(maps=stats.get("gmem.num_maps"), stitches=stats.get("gmem.num_stitches"),
                       stream_waits=stats.get("num_sync_all_streams"),
+                      plan={k[len("gmem."):]: v for k, v in stats.items()
+                            if k.startswith(("gmem.plan", "gmem.steps_marked"))},
                       device_allocs=stats.get("num_device_alloc"),
                       alloc_retries=stats.get("num_alloc_retries"))
         if maps_after_warmup is not None:

@@ -69,6 +69,16 @@ struct MemoryStats {
   std::int64_t mapped_pages = 0;        // pages mapped (a chunk may be mapped at several)
   std::int64_t granularity = 0;         // bytes per chunk
   std::int64_t memory_limit = 0;
+  // Planned step layouts (Engine::mark_step; docs/engine.md): steps marked, plans made, steps
+  // that began on a plan, mallocs placed at their planned offset, steps that left their plan
+  // (a request of another size), planned offsets found taken, the largest plan's extent.
+  std::int64_t steps_marked = 0;
+  std::int64_t plans = 0;
+  std::int64_t plan_steps_followed = 0;
+  std::int64_t plan_hits = 0;
+  std::int64_t plan_mismatches = 0;
+  std::int64_t plan_conflicts = 0;
+  std::int64_t plan_extent_bytes = 0;
   // Derived (Engine::detailed_stats() only): the largest free virtual range backed by memory
   // that is ready to use.
   std::int64_t largest_free_range = 0;

@@ -36,6 +36,14 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   s.chunks_mapped = held - spare;
   s.mapped_pages = static_cast<std::int64_t>(backing_.chunks().mapped_pages());
   s.memory_limit = static_cast<std::int64_t>(backing_.limit());
+  const detail::StepPlanner::Stats& plan = backing_.plan_stats();
+  s.steps_marked = static_cast<std::int64_t>(plan.steps);
+  s.plans = static_cast<std::int64_t>(plan.plans);
+  s.plan_steps_followed = static_cast<std::int64_t>(plan.followed);
+  s.plan_hits = static_cast<std::int64_t>(plan.hits);
+  s.plan_mismatches = static_cast<std::int64_t>(plan.mismatches);
+  s.plan_conflicts = static_cast<std::int64_t>(plan.conflicts);
+  s.plan_extent_bytes = static_cast<std::int64_t>(plan.extent);
   s.free_mapped_bytes = (held - spare - used) * gran;
   s.free_unmapped_bytes = spare * gran;
   s.partial_page_bytes = used * gran - static_cast<std::int64_t>(acc.range_bytes) - slab_bytes;

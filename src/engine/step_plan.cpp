@@ -56,6 +56,7 @@ void StepPlanner::mark_step() {
     shape.planned = false;
   }
   ++step_number_;
+  ++stats_.steps;
   step_.clear();
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
   clock_ = 0;

@@ -64,6 +64,7 @@ class StepPlanner {
   void released(DevicePtr addr);
 
   struct Stats {
+    std::uint64_t steps = 0;       // steps marked
     std::uint64_t plans = 0;       // plans made
     std::uint64_t hits = 0;        // mallocs placed at a planned offset
     std::uint64_t mismatches = 0;  // steps whose requests left their plan

@@ -122,6 +122,16 @@ TEST(StepPlan, ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls) {
     }
     if (round >= 3) EXPECT_EQ(device_calls(device) - before, 0u) << "round " << round;
   }
+  // What the stats say (gmem.steps_marked, gmem.plan_*): every step of rounds 3 and 4 followed
+  // its plan, each of its 32 range mallocs at its planned offset, and nothing left a plan.
+  const MemoryStats s = engine.stats();
+  EXPECT_EQ(s.steps_marked, 1 + 5 * 4);
+  EXPECT_EQ(s.plans, 4);
+  EXPECT_GE(s.plan_steps_followed, 2 * 4);
+  EXPECT_GE(s.plan_hits, 2 * 4 * 32);
+  EXPECT_EQ(s.plan_mismatches, 0);
+  EXPECT_EQ(s.plan_conflicts, 0);
+  EXPECT_GE(s.plan_extent_bytes, static_cast<std::int64_t>(8 * 7 * MiB));
   // The transient blocks sit in the plan region, apart from the blocks placed online.
   // The weights (64 MiB: placed at the top of the stream's arena, which spans the device's size)
   // tell where the online arena is.
