@@ -104,19 +104,21 @@ def enable(oom_shim=True, _allow_simulated=False, full=None):
             _warn_fallback(str(e))
         else:
             _install_full(library)
-            _mark_steps_at_optimizer_steps(torch)
+            _mark_steps_at_optimizer_steps()
             return
     _enable_pluggable(torch, oom_shim)
-    _mark_steps_at_optimizer_steps(torch)
+    _mark_steps_at_optimizer_steps()
 
 
-def _mark_steps_at_optimizer_steps(torch):
+def _mark_steps_at_optimizer_steps():
     """gmem.mark_step() after every optimizer step (torch.optim's global step post-hook), so that
     steps whose shapes take turns are laid out from their last occurrence without a change to the
     training loop (docs/engine.md, "Planned step layouts")."""
-    optimizer = getattr(getattr(torch, "optim", None), "optimizer", None)
-    register = getattr(optimizer, "register_optimizer_step_post_hook", None)
-    if register is None or _state["step_hook"] is not None:
+    try:  # (torch.optim does not keep `optimizer` as an attribute: import from the module)
+        from torch.optim.optimizer import register_optimizer_step_post_hook as register
+    except ImportError:  # PyTorch before 2.0: no global optimizer hooks, no marks
+        return
+    if _state["step_hook"] is not None:
         return
     _state["step_hook"] = register(lambda opt, args, kwargs: memory.mark_step())
 

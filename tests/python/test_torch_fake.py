@@ -128,9 +128,15 @@ class EnableTest(TorchFakeTestCase):
             hooks.append(hook)
             return Remover(hooks, hook)
 
-        torch.optim = types.SimpleNamespace(
-            optimizer=types.SimpleNamespace(register_optimizer_step_post_hook=register))
+        optim = types.ModuleType("torch.optim")
+        optim.optimizer = types.ModuleType("torch.optim.optimizer")
+        optim.optimizer.register_optimizer_step_post_hook = register
+        torch.optim = optim
         self.install(torch)
+        modules = mock.patch.dict(sys.modules, {"torch.optim": optim,
+                                                "torch.optim.optimizer": optim.optimizer})
+        modules.start()
+        self.addCleanup(modules.stop)
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
         self.assertEqual(len(hooks), 1, "one global hook, however often enable() runs")
