@@ -75,8 +75,14 @@ def entry_points():
     return _state["entry_points"]
 
 
-def enable(oom_shim=True, _allow_simulated=False, full=None):
+def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
     """Makes gmem PyTorch's CUDA allocator. Idempotent.
+
+    plan_steps: mark a step after every optimizer step (gmem.mark_step), so that steps whose
+    shapes take turns (sequence lengths drawn per step) are laid out from their last occurrence
+    (None: when GMEM_PLAN_STEPS=1). Off by default: in replay such steps settle at peak with no
+    device calls, but on the H100 a Llama run over 24 lengths mapped more in its first 80 steps
+    (docs/engine.md, "Planned step layouts").
 
     full: use gmem's complete CUDAAllocator (None: unless GMEM_TORCH_ALLOCATOR=0); when it cannot
     be built, warn once and fall back to the pluggable route.
@@ -104,10 +110,17 @@ def enable(oom_shim=True, _allow_simulated=False, full=None):
             _warn_fallback(str(e))
         else:
             _install_full(library)
-            _mark_steps_at_optimizer_steps()
+            _plan_steps(plan_steps)
             return
     _enable_pluggable(torch, oom_shim)
-    _mark_steps_at_optimizer_steps()
+    _plan_steps(plan_steps)
+
+
+def _plan_steps(plan_steps):
+    if plan_steps is None:
+        plan_steps = os.environ.get("GMEM_PLAN_STEPS", "") == "1"
+    if plan_steps:
+        _mark_steps_at_optimizer_steps()
 
 
 def _mark_steps_at_optimizer_steps():

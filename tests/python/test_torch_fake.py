@@ -120,7 +120,9 @@ class EnableTest(TorchFakeTestCase):
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
         self.assertEqual(len(torch.swapped), 1, "enable() twice swaps once")
 
-    def test_marks_a_step_after_every_optimizer_step(self):
+    def install_with_optimizer_hooks(self):
+        """A fake torch whose torch.optim.optimizer registers global step post-hooks into the
+        list returned."""
         torch = fake_torch()
         hooks = []
 
@@ -137,16 +139,32 @@ class EnableTest(TorchFakeTestCase):
                                                 "torch.optim.optimizer": optim.optimizer})
         modules.start()
         self.addCleanup(modules.stop)
-        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
-        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        return hooks
+
+    def test_plan_steps_marks_a_step_after_every_optimizer_step(self):
+        hooks = self.install_with_optimizer_hooks()
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=True)
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=True)
         self.assertEqual(len(hooks), 1, "one global hook, however often enable() runs")
         with mock.patch.object(gmem.memory, "mark_step") as mark_step:
             hooks[0](object(), (), {})  # what torch.optim runs after optimizer.step()
             hooks[0](object(), (), {})
         self.assertEqual(mark_step.call_count, 2)
+        before = gmem.memory_stat("gmem.steps_marked")
         hooks[0](object(), (), {})  # the real one: a step mark on the (simulated) device engine
+        self.assertEqual(gmem.memory_stat("gmem.steps_marked"), before + 1)
         gmem.torch._reset_for_tests()
         self.assertEqual(hooks, [], "the hook is removed with the rest")
+
+    def test_steps_are_planned_only_when_asked(self):
+        hooks = self.install_with_optimizer_hooks()
+        os.environ.pop("GMEM_PLAN_STEPS", None)
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        self.assertEqual(hooks, [], "no hook by default")
+        gmem.torch._reset_for_tests()
+        os.environ["GMEM_PLAN_STEPS"] = "1"  # install() restores the environment afterwards
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True)
+        self.assertEqual(len(hooks), 1, "GMEM_PLAN_STEPS=1 asks for it")
 
     def test_statistics_are_answered_by_gmem(self):
         torch = self.install(fake_torch())
