@@ -88,6 +88,7 @@ void StepPlanner::plan(Shape& shape) {
 StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
+    if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();
     Shape& shape = shapes_[bytes];
     if (++shape.steps >= 2 && bytes != last_shape_) taking_turns_ = true;
     last_shape_ = bytes;

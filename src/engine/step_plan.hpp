@@ -73,6 +73,7 @@ class StepPlanner {
     std::size_t extent = 0;        // the largest plan's extent
   };
   const Stats& stats() const { return stats_; }
+  std::size_t shapes() const { return shapes_.size(); }  // records and plans held
 
  private:
   struct Plan {
@@ -103,6 +104,9 @@ class StepPlanner {
     std::vector<Recorded> record;  // its last step, until planned
   };
   void plan(Shape& shape);  // from its record
+  // At most kMaxShapes, each holding one step's record or plan: a program whose steps never
+  // repeat would otherwise keep a record of every step. Beyond it the planner starts afresh.
+  static constexpr std::size_t kMaxShapes = 256;
   std::unordered_map<std::size_t, Shape> shapes_;
   // Plans are followed only once shapes take turns: a shape comes back after another one ran. A
   // single shape's online layout repeats by itself and settles (best fit depends on the free

@@ -292,5 +292,31 @@ TEST(StepPlan, ThreadsSharingTheStreamStress) {
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
 
+TEST(StepPlan, StepsThatNeverRepeatKeepTheRecordsBounded) {
+  // Every step begins with a request never seen before: the planner keeps at most a few hundred
+  // shapes' records, then starts afresh, and shapes that take turns afterwards are planned.
+  detail::StepPlanner planner;
+  planner.mark_step();
+  const auto run_step = [&](std::size_t first, DevicePtr at) {
+    const detail::StepPlanner::Ticket a = planner.request(first);
+    planner.taken(a, at, a.offset != detail::StepPlanner::kOnline);
+    const detail::StepPlanner::Ticket b = planner.request(MiB);
+    planner.taken(b, at + 64 * MiB, b.offset != detail::StepPlanner::kOnline);
+    planner.released(at + 64 * MiB);
+    planner.released(at);
+    planner.mark_step();
+  };
+  std::size_t most = 0;
+  for (std::size_t s = 1; s <= 5000; ++s) {
+    run_step(s * 512, 0x10000000);
+    most = std::max(most, planner.shapes());
+  }
+  EXPECT_LE(most, 256u);
+  const std::uint64_t plans = planner.stats().plans;
+  for (int round = 0; round < 4; ++round)
+    for (const std::size_t first : {3 * MiB, 5 * MiB}) run_step(first, 0x10000000);
+  EXPECT_GE(planner.stats().plans, plans + 2) << "shapes that take turns are still planned";
+}
+
 }  // namespace
 }  // namespace gmem
