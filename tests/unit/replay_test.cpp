@@ -193,6 +193,7 @@ ShuffledRounds shuffled_rounds(int rounds, unsigned seed) {
   const char* marker = "models.py:148:step";
   const Trace t = read_trace(data_file("llama_ckpt_varlen.trace.csv.gz"));
   const auto steps = self_contained_steps(t, marker);
+  EXPECT_GE(steps.size(), 8u);
   ShuffledRounds out;
   out.trace = t;
   out.prefix_end = steps.back().second;
@@ -220,6 +221,15 @@ ShuffledRounds shuffled_rounds(int rounds, unsigned seed) {
   return out;
 }
 
+// Replay options for shuffled rounds under the GPU lag, each step's end marked.
+ReplayOptions marked_options(const ShuffledRounds& r) {
+  ReplayOptions options;
+  options.lag_us = kGpuLagUs;
+  options.step_ends = r.step_ends;
+  options.mark_steps = true;
+  return options;
+}
+
 TEST(Replay, ShapesTakingTurnsWithStepMarksSettleAtPeak) {
   // The same shuffled rounds, each step's end marked (Engine::mark_step): once a length has come
   // back after another, its steps follow a plan made from its last occurrence, in a range of
@@ -228,10 +238,7 @@ TEST(Replay, ShapesTakingTurnsWithStepMarksSettleAtPeak) {
   // later rounds 0-4 each, rounds 5-14 none, at 1.013-1.014 times peak allocated throughout
   // (unmarked: 383-2,300 calls in rounds 5-14, ending at 1.127-1.130).
   const ShuffledRounds r = shuffled_rounds(14, 1);
-  ReplayOptions marked;
-  marked.lag_us = kGpuLagUs;
-  marked.step_ends = r.step_ends;
-  marked.mark_steps = true;
+  ReplayOptions marked = marked_options(r);
   auto calls_until = [&](std::size_t event) {
     marked.stop_at_event = event;
     const ReplayResult result = replay(r.trace, marked);
@@ -248,10 +255,7 @@ TEST(Replay, ShapesTakingTurnsWithStepMarksSettleAtPeak) {
 TEST(Replay, InvariantsHoldWithStepMarks) {
   // Plans followed, left and made again over two shuffled rounds, checked every ~20k operations.
   const ShuffledRounds r = shuffled_rounds(2, 3);
-  ReplayOptions options;
-  options.lag_us = kGpuLagUs;
-  options.step_ends = r.step_ends;
-  options.mark_steps = true;
+  ReplayOptions options = marked_options(r);
   options.check_invariants = true;
   options.check_every = 20011;
   const ReplayResult result = replay(r.trace, options);
@@ -267,33 +271,14 @@ TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
   // clashing speed the buying up: the remaps fall within five or six rounds, not ten. What it
   // holds stays below what PyTorch's expandable segments held for this program (1.155 of peak
   // allocated).
-  const Trace t = read_trace(data_file("llama_ckpt_varlen.trace.csv.gz"));
-  const auto steps = self_contained_steps(t, "models.py:148:step");
-  ASSERT_GE(steps.size(), 8u);
-  Trace rounds = t;
-  rounds.events.assign(t.events.begin(), t.events.begin() + static_cast<std::ptrdiff_t>(steps.back().second));
-  std::vector<std::size_t> round_ends;
-  std::int64_t clock = rounds.events.back().time_us;
-  std::mt19937 rng(1);
   constexpr int kRounds = 14;
-  for (int round = 0; round < kRounds; ++round) {
-    auto order = steps;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (const auto& [begin, end] : order) {
-      const std::int64_t start = t.events[begin].time_us;
-      for (std::size_t i = begin; i < end; ++i) {
-        rounds.events.push_back(t.events[i]);
-        rounds.events.back().time_us = clock + (t.events[i].time_us - start);
-      }
-      clock = rounds.events.back().time_us + 1000;
-    }
-    round_ends.push_back(rounds.events.size());
-  }
+  const ShuffledRounds rounds = shuffled_rounds(kRounds, 1);
+  const std::vector<std::size_t>& round_ends = rounds.round_ends;
   ReplayOptions lagged;
   lagged.lag_us = kGpuLagUs;
   auto calls_until = [&](std::size_t event) {
     lagged.stop_at_event = event;
-    const ReplayResult r = replay(rounds, lagged);
+    const ReplayResult r = replay(rounds.trace, lagged);
     EXPECT_FALSE(r.failed) << r.failure;
     return std::make_pair(r.creates + r.maps + r.unmaps, r.reserved_ratio());
   };
@@ -301,7 +286,7 @@ TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
   const auto [after_sixth, ratio_sixth] = calls_until(round_ends[5]);
   const auto [before_last, ratio_before_last] = calls_until(round_ends[kRounds - 2]);
   const auto [all, ratio] = calls_until(0);
-  const auto [before_first, unused] = calls_until(steps.back().second);
+  const auto [before_first, unused] = calls_until(rounds.prefix_end);
   EXPECT_GT(after_first - before_first, 1000u);  // the first round still clashes
   EXPECT_LT(all - before_last, (after_first - before_first) / 20) << "device calls in the last round";
   // Settled by round six: the last eight rounds together remap fewer pages than half the first
@@ -319,9 +304,7 @@ TEST(Replay, DISABLED_PrintShuffledRounds) {
   constexpr int kRounds = 14;
   const ShuffledRounds r = shuffled_rounds(kRounds, static_cast<unsigned>(seed));
   for (const bool marks : {false, true}) {
-    ReplayOptions lagged;
-    lagged.lag_us = kGpuLagUs;
-    lagged.step_ends = r.step_ends;
+    ReplayOptions lagged = marked_options(r);
     lagged.mark_steps = marks;
     lagged.stop_at_event = r.prefix_end;
     std::uint64_t before = 0;
