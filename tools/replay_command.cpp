@@ -23,7 +23,7 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--plan] [--capacity BYTES] [--lag US]"
+    "usage: gmem replay [--json] [--plan] [--steps] [--step-at FRAME] [--capacity BYTES] [--lag US]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -53,6 +53,12 @@ const char kReplayUsage[] =
     "                    PyTorch's host typically runs several ms ahead of a busy GPU; 0: stream\n"
     "                    work completes at once, the model of earlier gmem versions)\n"
     "  --plan            mark the steps found (Engine::mark_step): planned step layouts\n"
+    "  --steps           also print each step found: its device calls and modelled device ms,\n"
+    "                    gmem's reserved memory at its end and over the peak allocated so far\n"
+    "                    (does the layout settle, and where does reserved memory climb?)\n"
+    "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
+    "                    (say the optimizer.step() line, models.py:153, where gmem.torch marks\n"
+    "                    steps), not at the minima of live memory\n"
     "  --json            one JSON object per trace, one per line\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
@@ -147,10 +153,39 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
       .field("late_steps", r.late_steps);
   if (r.late_steps) w.field("device_ms_per_step", late_device_ms(r));
   else w.field("device_ms_per_step", nullptr);
+  if (!r.per_step.empty()) {  // --steps
+    w.key("per_step").begin_array();
+    for (const trace::StepFigures& s : r.per_step)
+      w.begin_object()
+          .field("event", s.event)
+          .field("device_calls", s.device_calls)
+          .field("device_us", s.device_us)
+          .field("reserved", s.reserved)
+          .field("peak_reserved", s.peak_reserved)
+          .field("peak_allocated", s.peak_allocated)
+          .end_object();
+    w.end_array();
+  }
   w.field("failed", r.failed);
   if (r.failed) w.field("failure", r.failure);
   w.end_object();
   return w.str();
+}
+
+// `--steps`: a line per step found.
+void print_steps(const std::string& trace, const std::vector<trace::StepFigures>& steps) {
+  std::printf("\n%s: %zu steps\n", trace.c_str(), steps.size());
+  Table table({"step", "event", "device calls", "device ms", "reserved", "peak reserved / peak allocated"},
+              {true, true, true, true, true, true});
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const trace::StepFigures& s = steps[i];
+    table.add({std::to_string(i + 1), std::to_string(s.event), std::to_string(s.device_calls),
+               fixed(s.device_us / 1000.0, 2), format_bytes(s.reserved),
+               s.peak_allocated ? fixed(static_cast<double>(s.peak_reserved) /
+                                            static_cast<double>(s.peak_allocated), 3)
+                                : "-"});
+  }
+  table.print(stdout);
 }
 
 }  // namespace
@@ -161,6 +196,7 @@ int replay_command(const Args& args) {
   options.lag_us = kDefaultLagUs;
   trace::ReadLimits limits;
   std::vector<std::string> files;
+  std::string step_frame;  // --step-at
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (parse_read_limit(args, i, limits)) continue;
@@ -173,6 +209,11 @@ int replay_command(const Args& args) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
     } else if (a == "--plan") {
       options.mark_steps = true;
+    } else if (a == "--step-at") {
+      step_frame = option_value(args, i);
+      if (step_frame.empty()) throw UsageError("--step-at takes a frame's text, e.g. models.py:153");
+    } else if (a == "--steps") {
+      options.record_steps = true;
     } else if (a == "--lag") {
       options.lag_us = parse_lag(option_value(args, i));
     } else if (a.starts_with("-") && a != "-") {
@@ -187,13 +228,21 @@ int replay_command(const Args& args) {
                "min capacity", "creates/maps/unmaps", "ns/op", "device ms/step"},
               {false, true, true, true, true, true, true, true, true});
   int status = 0;
+  std::vector<std::pair<std::string, std::vector<trace::StepFigures>>> per_step;  // --steps
   for (const std::string& file : files) {
     const trace::Trace t = read_trace_argument(file, limits);
-    options.step_ends = step_ends(t);
+    if (step_frame.empty()) {
+      options.step_ends = step_ends(t);
+    } else {
+      options.step_ends = trace::step_ends_after_frame(t, step_frame);
+      if (options.step_ends.empty())
+        throw UsageError("replay: " + t.path + ": no event's user frame contains '" + step_frame + "' (--step-at)");
+    }
     const trace::ReplayResult r = trace::replay(t, options);
     const std::uint64_t min_cap = trace::min_capacity(
         t, options.lag_us, std::size_t{2} << 20,
         options.mark_steps ? options.step_ends : std::vector<std::size_t>{});
+    if (options.record_steps && !as_json) per_step.emplace_back(r.trace, r.per_step);
     if (as_json) {
       std::printf("%s\n", json_line(r, file, min_cap).c_str());
       std::fflush(stdout);
@@ -213,6 +262,7 @@ int replay_command(const Args& args) {
     }
   }
   if (!as_json) table.print(stdout);
+  for (const auto& [name, steps] : per_step) print_steps(name, steps);
   return status;
 }
 

@@ -15,7 +15,8 @@ again, untraced, with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. One JSON
 clock time in a 20 ms pause after the step, where no event happens). `trim` keeps a trace's
 events before such a time (whole steps) and `stats` recomputes a trace's peaks; neither needs torch.
 
-Programs (models.py): llama_ckpt_varlen, fasterrcnn_varsize, gpt2_generate.
+Programs (models.py): llama_ckpt_varlen, fasterrcnn_varsize, gpt2_generate, llama_rounds (train_bench's
+Llama schedule for 60 timed steps: 24 lengths taking turns; not run unless named).
 """
 
 import argparse
@@ -37,6 +38,7 @@ PROGRAMS = {
     "llama_ckpt_varlen": ("llama_step", 12),
     "fasterrcnn_varsize": ("fasterrcnn_step", 14),
     "gpt2_generate": ("gpt2_generate_step", 2),
+    "llama_rounds": ("llama_rounds_step", 84),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark
@@ -162,7 +164,7 @@ def run_program(name, trace_path, max_entries):
                   num_alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries"),
                   per_step=per_step, torch=torch.__version__,
                   device=torch.cuda.get_device_name(0))
-    if name == "llama_ckpt_varlen":
+    if name.startswith("llama"):
         record["parameters"] = models.llama_parameters()
     record["reserved_ratio"] = round(record["peak_reserved"] / record["peak_allocated"], 4)
     del step
@@ -295,7 +297,8 @@ def main():
         return
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--programs", nargs="+", choices=sorted(PROGRAMS), default=list(PROGRAMS))
+    parser.add_argument("--programs", nargs="+", choices=sorted(PROGRAMS),
+                        default=[p for p in PROGRAMS if p != "llama_rounds"])
     parser.add_argument("--out-dir", default=".")
     parser.add_argument("--expandable", action="store_true",
                         help="also run each program with expandable_segments:True (no trace)")

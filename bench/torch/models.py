@@ -34,6 +34,21 @@ def llama_lengths(count, seed=0):
     return [rng.randrange(lo, hi + 1, step) for _ in range(count)]
 
 
+def llama_warm_and_timed(timed_steps, seed=0):
+    """train_bench's Llama schedule: each distinct length of llama_lengths(timed_steps) once (in
+    order of first appearance: the warm-up), then the timed steps. Returns (warm, timed)."""
+    timed = llama_lengths(timed_steps, seed)
+    return list(dict.fromkeys(timed)), timed
+
+
+def llama_rounds_step(torch, steps):
+    """llama_step over train_bench's schedule for 60 timed steps (24 lengths, 84 steps in all):
+    the live run whose reserved memory climbs where lengths take turns, as a trace."""
+    warm, timed = llama_warm_and_timed(60)
+    lengths = (warm + timed)[:steps]
+    return llama_step(torch, len(lengths), lengths=lengths)
+
+
 def _llama_modules(torch):
     nn = torch.nn
     F = torch.nn.functional

@@ -84,8 +84,7 @@ def llama_step(torch, warmup, steps):
     sys.path.insert(0, HERE)
     import models
 
-    timed = models.llama_lengths(steps)
-    warm = list(dict.fromkeys(timed))
+    warm, timed = models.llama_warm_and_timed(steps)
     step = models.llama_step(torch, len(warm) + steps, lengths=warm + timed)
     step.warmup = len(warm)
     return step
@@ -129,6 +128,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
     times, loss = [], None
     maps_after_warmup = None
     step_maps, maps_before = [], 0
+    step_waits, waits_before = [], 0  # host waits for the stream in each step (gmem)
+    step_reserved = []  # MiB reserved after each step, warm-up included: when does it climb?
     i = None
     try:
         step = STEPS[model](torch, warmup, steps)
@@ -141,10 +142,14 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
             loss = step(i)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
+            step_reserved.append(round(torch.cuda.memory_reserved() / 2**20))
             if uses_gmem:  # device maps in each step, outside the timing: does the layout settle?
                 maps_now = gmem.memory_stat("gmem.num_maps")
                 step_maps.append(maps_now - maps_before)
                 maps_before = maps_now
+                waits_now = gmem.memory_stat("num_sync_all_streams")
+                step_waits.append(waits_now - waits_before)
+                waits_before = waits_now
     except Exception as e:  # an OOM is the run's result; anything else fails the run
         if not is_oom(torch, e):
             raise
@@ -160,7 +165,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
                       step_ms=[round(t * 1e3, 1) for t in timed])
     record.update(steps_done=len(times), loss=round(float(loss), 4) if loss is not None else None,
                   peak_allocated=torch.cuda.max_memory_allocated(),
-                  peak_reserved=torch.cuda.max_memory_reserved(), s=round(time.time() - start, 1))
+                  peak_reserved=torch.cuda.max_memory_reserved(), s=round(time.time() - start, 1),
+                  step_reserved_mib=step_reserved)
     if record["peak_allocated"]:
         record["reserved_ratio"] = round(record["peak_reserved"] / record["peak_allocated"], 4)
     if uses_gmem:
@@ -176,6 +182,7 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
         if maps_after_warmup is not None:
             record["maps_after_warmup"] = stats.get("gmem.num_maps", 0) - maps_after_warmup
         record["step_maps"] = step_maps
+        record["step_waits"] = step_waits
     else:
         record["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries")
     return record

@@ -577,7 +577,10 @@ void Backing::note_unmapped(PageId id) {
 
 ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before) {
   if (chunks_.has_spare()) return chunks_.any_spare();
-  if (clashes_before > 0 && clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before))
+  // A warm-up step (steps marked: a shape's first, the first on a new plan) stitches: its
+  // layout is not seen again, and chunks bought to settle it would be held for good.
+  if (clashes_before > 0 && !planner_.warm_up() &&
+      clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before))
     if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
   if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {

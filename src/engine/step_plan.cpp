@@ -55,6 +55,7 @@ void StepPlanner::mark_step() {
     shape.record.swap(step_);
     shape.planned = false;
   }
+  new_shapes_ = new_shapes_ << 1 | std::uint64_t{first_of_shape_};
   ++step_number_;
   ++stats_.steps;
   step_.clear();
@@ -62,6 +63,8 @@ void StepPlanner::mark_step() {
   clock_ = 0;
   plan_ = nullptr;
   exact_ = true;
+  first_of_shape_ = false;
+  first_on_plan_ = false;
 }
 
 void StepPlanner::plan(Shape& shape) {
@@ -91,8 +94,12 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
     if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();
     Shape& shape = shapes_[bytes];
     if (++shape.steps >= 2 && bytes != last_shape_) taking_turns_ = true;
+    first_of_shape_ = shape.steps == 1;
     last_shape_ = bytes;
-    if (taking_turns_ && !shape.planned && !shape.record.empty()) plan(shape);
+    if (taking_turns_ && !shape.planned && !shape.record.empty()) {
+      plan(shape);
+      first_on_plan_ = true;
+    }
     plan_ = taking_turns_ && shape.planned ? &shape.plan : nullptr;
     exact_ = plan_ != nullptr;
     stats_.followed += plan_ != nullptr;

@@ -14,6 +14,7 @@
 // tells it what was freed.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -40,6 +41,18 @@ class StepPlanner {
 
   // Whether steps have been marked: until then the planner records nothing.
   bool active() const { return active_; }
+  // Whether the step running is a warm-up, whose clashes say nothing about the chunks the
+  // program needs (known from the step's first range malloc on):
+  // - the first step of its shape, in a program whose shapes recur: its online layout is not
+  //   seen again (the shape's next step follows a plan). Where new shapes are the norm (more
+  //   than half of the last 64 steps), plans do not pay and the online layouts are what the
+  //   program runs: not a warm-up. The first 64 steps count as recurring (a program's first
+  //   steps are mostly new shapes either way);
+  // - the first step on a plan just made: its pages of the plan region get their chunks.
+  bool warm_up() const {
+    const bool shapes_recur = step_number_ < kRecentSteps || static_cast<std::uint64_t>(std::popcount(new_shapes_)) <= kRecentSteps / 2;
+    return first_on_plan_ || (first_of_shape_ && shapes_recur);
+  }
 
   // A step ends (and the next begins): keeps the step just recorded as its shape's record (to be
   // planned when the shape comes back), unless it ran its plan exactly; starts the next.
@@ -94,6 +107,10 @@ class StepPlanner {
   std::uint64_t step_number_ = 0;  // steps marked so far
   const Plan* plan_ = nullptr;
   bool exact_ = true;  // the step has followed its plan so far
+  bool first_of_shape_ = false;  // the step running is the first of its shape
+  bool first_on_plan_ = false;   // the step running is the first on its shape's plan
+  static constexpr std::uint64_t kRecentSteps = 64;
+  std::uint64_t new_shapes_ = 0;  // of the last 64 steps, bit 0 the latest: first of its shape
   // Plans by the size of their step's first range malloc (each shape's first request differs
   // where shapes take turns: an activation's size depends on the length), with how many steps
   // began with it.

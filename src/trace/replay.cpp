@@ -148,8 +148,21 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   std::chrono::nanoseconds engine_time{0};
   DeviceCounts at_half{};
   std::size_t done = 0;
-  std::size_t next_mark = 0;  // into options.step_ends, when marking them
-  const std::size_t marks = options.mark_steps ? options.step_ends.size() : 0;
+  std::size_t next_end = 0;  // into options.step_ends, when marking or recording them
+  const std::size_t ends = options.mark_steps || options.record_steps ? options.step_ends.size() : 0;
+  DeviceCounts at_step{};
+  auto end_step = [&](std::size_t event) {
+    if (options.mark_steps) engine.mark_step();
+    if (!options.record_steps) return;
+    const DeviceCounts now = DeviceCounts::of(device);
+    const MemoryStats stats = engine.stats();
+    r.per_step.push_back({event, now.total() - at_step.total(),
+                          now.call_us + now.wait_us - at_step.call_us - at_step.wait_us,
+                          static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].current),
+                          static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak),
+                          static_cast<std::uint64_t>(stats.allocated_bytes[kAllPools].peak)});
+    at_step = now;
+  };
   try {
     while (done < n) {
       std::size_t end = n;
@@ -158,12 +171,10 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
       const auto start = std::chrono::steady_clock::now();
       for (; done < end; ++done) {
         const Op& op = program.ops[done];
-        // Step ends before this op's event are marked before it (a step end is an op's event,
-        // so the mark comes right after that op).
-        while (next_mark < marks && options.step_ends[next_mark] < op.event) [[unlikely]] {
-          engine.mark_step();
-          ++next_mark;
-        }
+        // Step ends before this op's event are marked (and recorded) before it (a step end is
+        // an op's event, so the mark comes right after that op).
+        while (next_end < ends && options.step_ends[next_end] < op.event) [[unlikely]]
+          end_step(options.step_ends[next_end++]);
         // The host clock follows the trace from where it stands: after a modelled wait, the
         // rest of the trace happens that much later.
         if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
@@ -185,6 +196,8 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
                 (op.malloc ? "alloc of " + std::to_string(op.size) + " bytes" : std::string("free")) +
                 " failed: " + error.what();
   }
+  if (!r.failed && done == program.ops.size())  // step ends after the last op
+    while (next_end < ends) end_step(options.step_ends[next_end++]);
   if (options.check_invariants) engine.check_invariants();
   if (options.on_stop) {  // which blocks are live, and which trace event allocated each
     std::vector<std::uint32_t> allocated_by(program.slots);
@@ -231,6 +244,19 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
 }  // namespace
 
 void check_trace(const Trace& trace) { (void)compile(trace); }
+
+std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_view frame) {
+  std::vector<bool> matches(trace.frames.size());
+  for (std::size_t f = 1; f < trace.frames.size(); ++f)
+    matches[f] = !frame.empty() && trace.frames[f].find(frame) != std::string::npos;
+  auto at = [&](std::size_t i) {
+    return i < trace.events.size() && trace.events[i].user_frame < matches.size() && matches[trace.events[i].user_frame];
+  };
+  std::vector<std::size_t> ends;
+  for (std::size_t i = 0; i < trace.events.size(); ++i)
+    if (at(i) && !at(i + 1)) ends.push_back(i);
+  return ends;
+}
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   return run(trace, compile(trace), options);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,10 +35,22 @@ struct ReplayOptions {
   std::vector<std::size_t> step_ends;
   // Call Engine::mark_step() after each of `step_ends` (planned step layouts).
   bool mark_steps = false;
+  // Fill ReplayResult::per_step: the figures at each of `step_ends` (does the layout settle?).
+  bool record_steps = false;
   // Called when the replay stops, the engine still holding the live blocks (for summaries), with
   // each live block's engine pointer and the index of the trace event that allocated it.
   std::function<void(const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live)>
       on_stop;
+};
+
+// The replay at a step end (ReplayOptions::record_steps): what the step did and where it left off.
+struct StepFigures {
+  std::size_t event = 0;          // the trace event the step ended at
+  std::uint64_t device_calls = 0; // creates + maps + unmaps during the step
+  double device_us = 0;           // modelled host time in device calls and stream waits
+  std::uint64_t reserved = 0;     // gmem's reserved bytes at the step's end
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t peak_allocated = 0;  // so far (requested sizes rounded as the engine counts them)
 };
 
 struct ReplayResult {
@@ -74,6 +87,8 @@ struct ReplayResult {
   std::size_t steps = 0;
   std::size_t late_steps = 0;
 
+  std::vector<StepFigures> per_step;  // ReplayOptions::record_steps: one per step end replayed
+
   bool failed = false;
   std::string failure;  // the first failure: which event and why
 
@@ -83,6 +98,11 @@ struct ReplayResult {
     return peak_allocated ? static_cast<double>(bytes) / static_cast<double>(peak_allocated) : 0.0;
   }
 };
+
+// Step ends where a known line ends a step (the optimizer.step() call, where gmem.torch marks
+// steps): after the last event of each run of events whose user frame contains `frame`.
+// Ascending event indices, as ReplayOptions::step_ends; none when no frame contains it.
+std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_view frame);
 
 // Replays `trace`; a malloc the engine cannot serve ends the replay with `failed` set. Throws
 // BadInputError (file and line) for a free of an address that is not live in the trace.

@@ -318,5 +318,45 @@ TEST(StepPlan, StepsThatNeverRepeatKeepTheRecordsBounded) {
   EXPECT_GE(planner.stats().plans, plans + 2) << "shapes that take turns are still planned";
 }
 
+
+TEST(StepPlan, WarmUpsAreAShapesFirstStepAndTheFirstStepOnANewPlan) {
+  // The clash rule does not count a warm-up's clashes (Backing::acquire_chunk): a shape's first
+  // step, while shapes recur, and the first step on a plan just made.
+  detail::StepPlanner planner;
+  planner.mark_step();
+  const DevicePtr at = 0x10000000;
+  // Runs a step beginning with a request of `first`; returns whether it was a warm-up (read
+  // once the step's first request is known, as the clash rule reads it).
+  const auto run_step = [&](std::size_t first) {
+    const detail::StepPlanner::Ticket a = planner.request(first);
+    const bool warm_up = planner.warm_up();
+    planner.taken(a, at, a.offset != detail::StepPlanner::kOnline);
+    planner.released(at);
+    planner.mark_step();
+    EXPECT_FALSE(planner.warm_up()) << "a step's warm-up ends at its mark";
+    return warm_up;
+  };
+  EXPECT_TRUE(run_step(3 * MiB));   // first of its shape
+  EXPECT_FALSE(run_step(3 * MiB));  // the same shape again, not taking turns: online, no plan
+  EXPECT_TRUE(run_step(5 * MiB));   // first of its shape
+  EXPECT_TRUE(run_step(3 * MiB));   // shapes take turns: the first step on 3 MiB's new plan
+  EXPECT_TRUE(run_step(5 * MiB));   // the first step on 5 MiB's plan
+  EXPECT_FALSE(run_step(3 * MiB));  // following its plan
+  EXPECT_FALSE(run_step(5 * MiB));
+  // A program whose shapes are new every step: the first 64 steps are warm-ups, and once more
+  // than half of the last 64 steps began a shape, new shapes are the norm, not warm-ups.
+  int warm_ups = 0;
+  for (std::size_t s = 1; s <= 100; ++s) warm_ups += run_step(64 * MiB + s * 512);
+  EXPECT_GE(warm_ups, 50);
+  EXPECT_LT(warm_ups, 100);
+  EXPECT_FALSE(run_step(256 * MiB));
+  // Shapes that recur again: after 64 steps of them, a new shape's first step is a warm-up again.
+  for (int round = 0; round < 40; ++round) {
+    run_step(3 * MiB);
+    run_step(5 * MiB);
+  }
+  EXPECT_TRUE(run_step(512 * MiB));
+}
+
 }  // namespace
 }  // namespace gmem
