@@ -79,10 +79,10 @@ def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
     """Makes gmem PyTorch's CUDA allocator. Idempotent.
 
     plan_steps: mark a step after every optimizer step (gmem.mark_step), so that steps whose
-    shapes take turns (sequence lengths drawn per step) are laid out from their last occurrence
-    (None: when GMEM_PLAN_STEPS=1). Off by default: in replay such steps settle at peak with no
-    device calls, but on the H100 a Llama run over 24 lengths mapped more in its first 80 steps
-    (docs/engine.md, "Planned step layouts").
+    shapes take turns (sequence lengths drawn per step) are laid out from their last occurrence:
+    at peak allocated and with no device calls once every shape has come back (docs/engine.md,
+    "Planned step layouts"). None (the default): on, unless GMEM_PLAN_STEPS=0. A program whose
+    steps keep their shape is laid out as without marks.
 
     full: use gmem's complete CUDAAllocator (None: unless GMEM_TORCH_ALLOCATOR=0); when it cannot
     be built, warn once and fall back to the pluggable route.
@@ -118,7 +118,7 @@ def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
 
 def _plan_steps(plan_steps):
     if plan_steps is None:
-        plan_steps = os.environ.get("GMEM_PLAN_STEPS", "") == "1"
+        plan_steps = os.environ.get("GMEM_PLAN_STEPS", "") != "0"
     if plan_steps:
         _mark_steps_at_optimizer_steps()
 

@@ -47,24 +47,34 @@ std::size_t place_offline(std::vector<PlanBlock>& blocks) {
 void StepPlanner::mark_step() {
   if (!active_) {
     active_ = true;  // the first mark: recording starts with the next step
-  } else if (!step_.empty() &&
-             !(plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size())) {
+  } else {
+    // The step's record stays open until the next step's first range malloc: the frees between
+    // (an optimizer's zero_grad after its step, where gmem.torch marks) are the step's own.
+    if (!closing_)
+      record_exact_ = plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size();
+    closing_ = true;
+  }
+  new_shapes_ = new_shapes_ << 1 | std::uint64_t{first_of_shape_};
+  ++step_number_;
+  ++stats_.steps;
+  plan_ = nullptr;
+  first_of_shape_ = false;
+  first_on_plan_ = false;
+}
+
+void StepPlanner::close_step() {
+  closing_ = false;
+  if (!step_.empty() && !record_exact_) {
     // Not the plan's step, or not exactly: keep what it did, planned when the shape comes back
     // (most one-off shapes never do; planning costs O(n^2) in the step's blocks).
     Shape& shape = shapes_[step_[0].size];
     shape.record.swap(step_);
     shape.planned = false;
   }
-  new_shapes_ = new_shapes_ << 1 | std::uint64_t{first_of_shape_};
-  ++step_number_;
-  ++stats_.steps;
   step_.clear();
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
   clock_ = 0;
-  plan_ = nullptr;
   exact_ = true;
-  first_of_shape_ = false;
-  first_on_plan_ = false;
 }
 
 void StepPlanner::plan(Shape& shape) {
@@ -89,6 +99,7 @@ void StepPlanner::plan(Shape& shape) {
 }
 
 StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
+  if (closing_) close_step();
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
     if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();

@@ -107,6 +107,10 @@ class StepPlanner {
   std::uint64_t step_number_ = 0;  // steps marked so far
   const Plan* plan_ = nullptr;
   bool exact_ = true;  // the step has followed its plan so far
+  // Marked, but its record still open (until the next step's first range malloc), and whether
+  // it ran its plan exactly (then the plan stays as it is).
+  bool closing_ = false;
+  bool record_exact_ = false;
   bool first_of_shape_ = false;  // the step running is the first of its shape
   bool first_on_plan_ = false;   // the step running is the first on its shape's plan
   static constexpr std::uint64_t kRecentSteps = 64;
@@ -121,6 +125,7 @@ class StepPlanner {
     std::vector<Recorded> record;  // its last step, until planned
   };
   void plan(Shape& shape);  // from its record
+  void close_step();        // the step's record ends (at the next step's first range malloc)
   // At most kMaxShapes, each holding one step's record or plan: a program whose steps never
   // repeat would otherwise keep a record of every step. Beyond it the planner starts afresh.
   static constexpr std::size_t kMaxShapes = 256;

@@ -156,15 +156,22 @@ class EnableTest(TorchFakeTestCase):
         gmem.torch._reset_for_tests()
         self.assertEqual(hooks, [], "the hook is removed with the rest")
 
-    def test_steps_are_planned_only_when_asked(self):
+    def test_steps_are_planned_unless_turned_off(self):
         hooks = self.install_with_optimizer_hooks()
         os.environ.pop("GMEM_PLAN_STEPS", None)
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
-        self.assertEqual(hooks, [], "no hook by default")
+        self.assertEqual(len(hooks), 1, "a hook by default")
         gmem.torch._reset_for_tests()
-        os.environ["GMEM_PLAN_STEPS"] = "1"  # install() restores the environment afterwards
+        os.environ["GMEM_PLAN_STEPS"] = "0"  # install() restores the environment afterwards
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
-        self.assertEqual(len(hooks), 1, "GMEM_PLAN_STEPS=1 asks for it")
+        self.assertEqual(hooks, [], "GMEM_PLAN_STEPS=0 turns it off")
+        gmem.torch._reset_for_tests()
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=True)
+        self.assertEqual(len(hooks), 1, "plan_steps=True asks for it whatever the environment says")
+        gmem.torch._reset_for_tests()
+        os.environ.pop("GMEM_PLAN_STEPS", None)
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=False)
+        self.assertEqual(hooks, [], "plan_steps=False turns it off")
 
     def test_statistics_are_answered_by_gmem(self):
         torch = self.install(fake_torch())

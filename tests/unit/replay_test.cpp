@@ -252,14 +252,16 @@ TEST(Replay, ShapesTakingTurnsWithStepMarksSettleAtPeak) {
   EXPECT_LE(ratio, 1.02);
 }
 
-TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsStayWithinTwoPercent) {
+TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsSettleAtPeak) {
   // llama_rounds: bench/torch/train_bench.py's Llama schedule captured on the H100
   // (capture_traces.py's llama_rounds, its first 40 steps): each of 24 sequence lengths once,
   // then lengths drawn from them. Steps marked where gmem.torch marks them, after
   // optimizer.step() (models.py:168). Without marks the lengths' layouts clash until the clash
-  // rule has bought 1.13 times peak allocated (live on the H100 too: 1.131). With marks, the
-  // first step of each length (the warm-up) stitches instead of buying chunks, and lengths that
-  // come back follow their plans: 1.015 (live, 60 steps: 1.027).
+  // rule has bought 1.13 times peak allocated (live on the H100 too: 1.131). With marks the
+  // first step of each length stitches instead of buying chunks (a warm-up), the gradients that
+  // zero_grad frees after the mark belong to the step, and lengths that come back follow their
+  // plans: after the step that maps the plan region (the 26th), 1.004 and about no device call
+  // (live, 60 steps: 1.0046, no map in the last 33).
   const Trace t = read_trace(data_file("llama_rounds.trace.csv.gz"));
   ReplayOptions options;
   options.lag_us = kGpuLagUs;
@@ -277,8 +279,11 @@ TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsStayWithinTwoPercent) {
   // After the 24 lengths' first steps: the warm-ups bought no chunks for their clashes.
   EXPECT_LE(static_cast<double>(marked.per_step[23].peak_reserved) / peak, 1.01);
   EXPECT_GT(static_cast<double>(unmarked.per_step[23].peak_reserved) / peak, 1.03);
-  EXPECT_LE(marked.reserved_ratio(), 1.02);
+  EXPECT_LE(marked.reserved_ratio(), 1.01);
   EXPECT_GT(unmarked.reserved_ratio(), 1.08);
+  std::uint64_t late = 0;  // device calls in the last ten steps
+  for (std::size_t i = 30; i < 40; ++i) late += marked.per_step[i].device_calls;
+  EXPECT_LE(late, 10u);
   // The steps' figures add up to the replay's.
   std::uint64_t calls = 0;
   for (const StepFigures& s : marked.per_step) calls += s.device_calls;

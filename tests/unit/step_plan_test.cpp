@@ -149,6 +149,60 @@ TEST(StepPlan, ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls) {
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
 
+TEST(StepPlan, FreesRightAfterTheMarkBelongToTheStep) {
+  // As PyTorch runs under gmem.torch: the step is marked after optimizer.step(), and zero_grad
+  // then frees the gradients made in backward, before the next step's forward. The step's
+  // record stays open until the next step's first range malloc, so the gradients are the step's
+  // own blocks and planned with it: in the plan region, where online blocks (which plan pages
+  // would share chunks with, and clash) do not come between.
+  SimulatedDevice device;
+  Engine engine(device);
+  void* weights = engine.malloc(64 * MiB);
+  engine.mark_step();
+  std::vector<void*> grads;
+  const auto step = [&](std::size_t len) {
+    for (void* g : grads) engine.free(g);  // zero_grad of the step before
+    grads.clear();
+    std::vector<void*> acts, addrs;
+    for (int layer = 0; layer < 8; ++layer) acts.push_back(engine.malloc(len * MiB + (layer % 2) * 512 * 1024));
+    addrs = acts;
+    for (int layer = 0; layer < 8; ++layer) {
+      grads.push_back(engine.malloc(4 * MiB + layer * 512 * 1024));  // the parameters' sizes
+      engine.free(acts.back());
+      acts.pop_back();
+    }
+    addrs.insert(addrs.end(), grads.begin(), grads.end());
+    engine.mark_step();  // after optimizer.step(): the gradients are still alive
+    return addrs;
+  };
+  const std::size_t lengths[] = {3, 7, 5, 4};
+  std::map<std::size_t, std::vector<void*>> last;
+  for (int round = 0; round < 5; ++round) {
+    const std::uint64_t before = device_calls(device);
+    for (const std::size_t len : lengths) {
+      const std::vector<void*> addrs = step(len);
+      if (round >= 3) EXPECT_EQ(addrs, last[len]) << "length " << len << " moved in round " << round;
+      last[len] = addrs;
+      engine.check_invariants();
+    }
+    if (round >= 3) EXPECT_EQ(device_calls(device) - before, 0u) << "round " << round;
+  }
+  const auto online_end = reinterpret_cast<std::uintptr_t>(weights) + 64 * MiB;
+  for (const auto& [len, addrs] : last)
+    for (void* p : addrs) {
+      const auto a = reinterpret_cast<std::uintptr_t>(p);
+      EXPECT_TRUE(a >= online_end || a < online_end - device.mem_info().total) << "length " << len;
+    }
+  const MemoryStats s = engine.stats();
+  EXPECT_EQ(s.plan_mismatches, 0);
+  EXPECT_EQ(s.plan_conflicts, 0);
+  EXPECT_GE(s.plan_hits, 2 * 4 * 16);
+  for (void* g : grads) engine.free(g);
+  engine.free(weights);
+  engine.check_invariants();
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
+}
+
 TEST(StepPlan, WithoutMarksNothingIsPlanned) {
   // The same program on two engines, one told where its steps end: they place every block alike
   // until two shapes have come back (a plan is followed only then), and the one never told keeps
