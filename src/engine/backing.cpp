@@ -391,10 +391,19 @@ void Backing::end_run(std::uint32_t index) {
 //     is not ready (back_pages) and waits here, holding no references, until the claim lands.
 //     So on a claimed page every other reference is a finished block's: refs > 1 means ready.
 // Made unlocked: the clash unmap of its own page, cuMemCreate (its slot counted against the limit
-// meanwhile), the wait for its own stream, and the MapJob: the maps and set_access calls, booked
-// under the lock first (plan_maps) and made at the end. Kept under the lock: the steal's eviction
-// unmap and its waits for other streams (the page and chunk are nobody's until the books say so),
-// and reclaiming (it walks the engine's blocks).
+// meanwhile) and the wait for its own stream. Kept under the lock: the MapJob (the maps and
+// set_access calls, booked first by plan_maps and made at the end), the steal's eviction unmap
+// and its waits for other streams (the page and chunk are nobody's until the books say so), and
+// reclaiming (it walks the engine's blocks).
+//
+// The MapJob ran unlocked too until an H100 showed otherwise (2026-11-24): four threads stitching
+// at once on two streams (gpu/gpu_tests.cu, ThreadsStitchAtOnceAndKeepTheirData) failed in 8 to
+// 10 runs of 20 with cuMemMap returning CUDA_ERROR_UNKNOWN, on a page freshly unmapped or never
+// mapped, for a chunk the books held free and mapped at one other page. It failed as often with
+// every driver call serialized by a mutex, and with set_access made right after each map; with
+// the job under the lock it passed 36 runs of 36, and so it did with the other calls unlocked.
+// The cause is not found: the simulated device, which refuses a map over a mapped page, never
+// failed in the same program with random delays in its calls.
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
@@ -413,7 +422,7 @@ void Backing::end_run(std::uint32_t index) {
   int stage = kFromCache;
   if (!plan_maps(arena, addr, bytes, job, stage)) return false;
   if (!job.pages.empty()) {
-    client_.without_lock([&] { run_job(job); });
+    run_job(job);  // under the lock: see above
     land(job, addr, bytes);
   }
   if (stage >= kStitched) ++accounting_.stats.num_stitches;

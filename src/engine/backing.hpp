@@ -51,7 +51,8 @@ class BackingClient {
   virtual void arena_added() = 0;
   // Memory is short: give back empty slabs and the frees that wait on other streams.
   virtual void reclaim() = 0;
-  // The engine's lock around a malloc's device calls (MapJob). without_lock releases it while
+  // The engine's lock around a malloc's device calls (its clash unmaps, creates and waits for its
+  // stream; see Backing::map_missing). without_lock releases it while
   // `calls` runs (device calls only: no engine state; never throws) and takes it again;
   // wait_for_landing releases it until another thread calls landed() (or a spurious wakeup),
   // and takes it again; landed() wakes every waiter.
@@ -99,11 +100,10 @@ class ClashRule {
   std::size_t clashes_ = 0;
 };
 
-// The maps of one malloc's slow path and set_access over each contiguous run of them, made at
-// its end with the engine's lock released. map_missing decides everything under the lock (which
-// chunk goes where; the books say so at once) and lands the job under the lock again: until
-// then a page is mapped in the books but not on the device, and its chunk busy through the
-// malloc's reference (see Backing::map_missing for why no other thread uses it).
+// The maps of one malloc's slow path and set_access over each contiguous run of them, booked
+// first and made at its end. map_missing decides everything (which chunk goes where; the books
+// say so at once), makes the calls and lands the job: a failure is rolled back from the books
+// (see Backing::map_missing for why the calls are made under the engine's lock).
 struct MapJob {
   std::uint32_t arena = 0;
   DevicePtr base = 0;                // the arena's base: read without the lock
