@@ -23,7 +23,8 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--plan] [--steps] [--step-at FRAME] [--capacity BYTES] [--lag US]"
+    "usage: gmem replay [--json] [--no-plan] [--steps] [--step-at FRAME] [--capacity BYTES]\n"
+    "       [--lag US]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -31,6 +32,11 @@ const char kReplayUsage[] =
     "(from the trace's segment events), gmem's peak reserved memory, and the smallest device\n"
     "gmem can run the trace on. Also the device calls gmem made, its host time per call, and\n"
     "the modelled time a training step spends on the device layer.\n"
+    "\n"
+    "Each training step found (or ending after --step-at's frame) is marked, as gmem.torch marks\n"
+    "one after every optimizer step: steps whose shapes take turns are laid out from their last\n"
+    "occurrence (planned step layouts, docs/engine.md). --no-plan replays without marks, as a\n"
+    "program that never calls gmem_mark_step.\n"
     "\n"
     "The simulated GPU runs behind the host, as a real one does: the host clock follows the\n"
     "trace's timestamps, and an event recorded on a stream completes --lag microseconds later.\n"
@@ -52,7 +58,9 @@ const char kReplayUsage[] =
     "  --lag US          how far the GPU runs behind the host, in microseconds (default 2000:\n"
     "                    PyTorch's host typically runs several ms ahead of a busy GPU; 0: stream\n"
     "                    work completes at once, the model of earlier gmem versions)\n"
-    "  --plan            mark the steps found (Engine::mark_step): planned step layouts\n"
+    "  --no-plan         do not mark the steps found: replay as a program that never calls\n"
+    "                    gmem_mark_step (by default each step found is marked, as gmem.torch\n"
+    "                    marks one after every optimizer step: planned step layouts)\n"
     "  --steps           also print each step found: its device calls and modelled device ms,\n"
     "                    gmem's reserved memory at its end and over the peak allocated so far\n"
     "                    (does the layout settle, and where does reserved memory climb?)\n"
@@ -194,6 +202,7 @@ int replay_command(const Args& args) {
   bool as_json = false;
   trace::ReplayOptions options;
   options.lag_us = kDefaultLagUs;
+  options.mark_steps = true;  // as gmem.torch does by default
   trace::ReadLimits limits;
   std::vector<std::string> files;
   std::string step_frame;  // --step-at
@@ -207,8 +216,10 @@ int replay_command(const Args& args) {
       if (options.capacity == 0) throw UsageError("--capacity must be more than 0");
     } else if (a.starts_with("--capacity=")) {
       options.capacity = parse_bytes(std::string_view(a).substr(11));
-    } else if (a == "--plan") {
+    } else if (a == "--plan") {  // the default; kept for scripts written when it was not
       options.mark_steps = true;
+    } else if (a == "--no-plan") {
+      options.mark_steps = false;
     } else if (a == "--step-at") {
       step_frame = option_value(args, i);
       if (step_frame.empty()) throw UsageError("--step-at takes a frame's text, e.g. models.py:153");
