@@ -57,8 +57,8 @@ class Engine final {
   void record_stream(void* ptr, StreamId stream);
 
 
-  // A training step ends here (between its last free and the next step's first malloc). Once
-  // steps are marked, the engine records each step's block requests and lifetimes and lays out
+  // A training step ends here (after the optimizer's step, or before the forward; frees before
+  // the next step's first range malloc still count as this step's). Once steps are marked, the engine records each step's block requests and lifetimes and lays out
   // the next occurrence of the same step from that record (a plan), so that its blocks need
   // only as many pages as the plan's extent and a repeated step maps nothing. Without marks
   // nothing changes. docs/engine.md, "Planned step layouts".

@@ -39,8 +39,9 @@ gmem_status_t gmem_set_memory_fraction(int device, double fraction);
 gmem_status_t gmem_reset_peak_stats(int device);
 gmem_status_t gmem_reset_accumulated_stats(int device);
 
-/* A training step ended on `device` (-1 = current): between one step's last free and the next
- * step's first malloc (after the optimizer's step, or before the forward). Once steps are marked,
+/* A training step ended on `device` (-1 = current): after the optimizer's step, or before the
+ * forward. The step's record stays open until the next step's first malloc, so frees in between
+ * (the gradients zero_grad frees) count as the step's own. Once steps are marked,
  * a step that comes back after other shapes ran (sequence lengths taking turns) is laid out from
  * its last occurrence, so that it needs no device call and no more memory than its peak
  * (docs/engine.md, "Planned step layouts"). Without marks nothing changes. gmem.torch.enable()
