@@ -65,7 +65,7 @@ const char kReplayUsage[] =
     "                    gmem's reserved memory at its end and over the peak allocated so far\n"
     "                    (does the layout settle, and where does reserved memory climb?)\n"
     "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
-    "                    (say the optimizer.step() line, models.py:153, where gmem.torch marks\n"
+    "                    (say the line of optimizer.step(), train.py:42, where gmem.torch marks\n"
     "                    steps), not at the minima of live memory\n"
     "  --json            one JSON object per trace, one per line\n"
     GMEM_CLI_READ_LIMITS_USAGE;

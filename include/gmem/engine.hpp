@@ -58,8 +58,9 @@ class Engine final {
 
 
   // A training step ends here (after the optimizer's step, or before the forward; frees before
-  // the next step's first range malloc still count as this step's). Once steps are marked, the engine records each step's block requests and lifetimes and lays out
-  // the next occurrence of the same step from that record (a plan), so that its blocks need
+  // the next step's first range malloc still count as this step's). Once steps are marked, the
+  // engine records each step's block requests and lifetimes and lays out the next occurrence of
+  // the same step from that record (a plan), so that its blocks need
   // only as many pages as the plan's extent and a repeated step maps nothing. Without marks
   // nothing changes. docs/engine.md, "Planned step layouts".
   void mark_step();

@@ -50,12 +50,14 @@ class StepPlanner {
   //   steps are mostly new shapes either way);
   // - the first step on a plan just made: its pages of the plan region get their chunks.
   bool warm_up() const {
-    const bool shapes_recur = step_number_ < kRecentSteps || static_cast<std::uint64_t>(std::popcount(new_shapes_)) <= kRecentSteps / 2;
+    const bool shapes_recur = step_number_ < kRecentSteps ||
+                              static_cast<std::uint64_t>(std::popcount(new_shapes_)) <= kRecentSteps / 2;
     return first_on_plan_ || (first_of_shape_ && shapes_recur);
   }
 
-  // A step ends (and the next begins): keeps the step just recorded as its shape's record (to be
-  // planned when the shape comes back), unless it ran its plan exactly; starts the next.
+  // A step ends (and the next begins). Its record stays open until the next step's first range
+  // malloc (request), so that frees in between count as its own; then it is kept as its
+  // shape's record (planned when the shape comes back), unless it ran its plan exactly.
   void mark_step();
 
   // The next range malloc of the step, of `bytes`: where the plan puts it in the plan region
