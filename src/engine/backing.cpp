@@ -400,11 +400,11 @@ void Backing::end_run(std::uint32_t index) {
 // at once on two streams (gpu/gpu_tests.cu, ThreadsStitchAtOnceAndKeepTheirData) failed in 8 to
 // 10 runs of 20 with cuMemMap returning CUDA_ERROR_UNKNOWN, on a page freshly unmapped or never
 // mapped, for a chunk the books held free and mapped at one other page. It failed as often with
-// every VMM call serialized by one mutex, and with set_access made right after each map; with
-// the job under the lock it passed 66 runs of 66 over three experiments, the other calls
-// unlocked or not.
-// The cause is not found: the simulated device, which refuses a map over a mapped page, never
-// failed in the same program with random delays in its calls.
+// every VMM call serialized by one mutex, and with set_access made right after each map (also
+// under one mutex with its map); with the job under the lock it passed 66 runs of 66 over three
+// experiments, the other calls unlocked or not. The cause is not found: the simulated device,
+// which refuses a map over a mapped page, never failed in the same program with random delays
+// in its calls.
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
