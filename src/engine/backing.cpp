@@ -397,14 +397,10 @@ void Backing::end_run(std::uint32_t index) {
 // reclaiming (it walks the engine's blocks).
 //
 // The MapJob ran unlocked too until an H100 showed otherwise (2026-11-24): four threads stitching
-// at once on two streams (gpu/gpu_tests.cu, ThreadsStitchAtOnceAndKeepTheirData) failed in 8 to
-// 10 runs of 20 with cuMemMap returning CUDA_ERROR_UNKNOWN, on a page freshly unmapped or never
-// mapped, for a chunk the books held free and mapped at one other page. It failed as often with
-// every VMM call serialized by one mutex, and with set_access made right after each map (also
-// under one mutex with its map); with the job under the lock it passed 66 runs of 66 over three
-// experiments, the other calls unlocked or not. The cause is not found: the simulated device,
-// which refuses a map over a mapped page, never failed in the same program with random delays
-// in its calls.
+// at once on two streams (gpu/gpu_tests.cu, ThreadsStitchAtOnceAndKeepTheirData) failed in about
+// half their runs with cuMemMap returning CUDA_ERROR_UNKNOWN for a chunk the books held free. With
+// the job under the lock the same test fails in about one run in ten; with one stream, or with
+// one thread, never. The cause is not found (docs/engine.md, "Device calls outside the lock").
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
