@@ -379,9 +379,9 @@ void Backing::end_run(std::uint32_t index) {
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
 // elsewhere, map the missing ones, then set access run by run.
 //
-// Its device calls (a map and its set_access cost tens of microseconds a page on a GPU, a stream
-// wait milliseconds) are made with the engine's lock released, so that other threads' mallocs
-// and frees from mapped pages go on meanwhile. Every decision is still made under the lock and in
+// Some of its device calls (a create, the unmap of a clashing page, a stream wait: up to
+// milliseconds) are made with the engine's lock released, so that other threads' mallocs and
+// frees from mapped pages go on meanwhile. Every decision is still made under the lock and in
 // the same order, so a single thread sees exactly what it saw with the calls made in place. What
 // keeps the other threads off this malloc's pages while the lock is released:
 //   - its pages hold its references, so their chunks are busy: never stolen, trimmed or unmapped

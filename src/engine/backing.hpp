@@ -106,7 +106,7 @@ class ClashRule {
 // (see Backing::map_missing for why the calls are made under the engine's lock).
 struct MapJob {
   std::uint32_t arena = 0;
-  DevicePtr base = 0;                // the arena's base: read without the lock
+  DevicePtr base = 0;                // the arena's base
   std::vector<std::uint32_t> pages;  // page indices in the arena, in address order
   std::vector<ChunkHandle> chunks;   // the chunk to map at each
   std::size_t mapped = 0;            // how many of pages the device has mapped
@@ -259,8 +259,8 @@ class Backing {
   std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
   // map_missing's steps: decide and book every map (the maps go to `job`; false on OOM, with the
-  // range's references given back); make the job's calls (without the lock); land it (under the
-  // lock: the observer is told; a device failure is rolled back and rethrown).
+  // range's references given back); make the job's calls; land it (the observer is told; a device
+  // failure is rolled back and rethrown).
   bool plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job, int& stage);
   void run_job(MapJob& job) const noexcept;
   void land(MapJob& job, DevicePtr addr, std::size_t bytes);

@@ -58,8 +58,8 @@ class Engine::Impl final : private detail::BackingClient {
   Device& device_;
   detail::CaptureHook capture_;  // read before the lock
   mutable std::mutex mutex_;     // guards everything below
-  // Signalled when a malloc's slow path lands its device calls (Backing::map_missing releases
-  // the lock while it maps): mallocs that need its pages, and check_invariants, wait for it.
+  // Signalled when a malloc's slow path ends (Backing::map_missing releases the lock while it
+  // creates chunks, unmaps or waits): mallocs that need its pages, and check_invariants, wait.
   mutable std::condition_variable landed_;
   detail::EngineObserver* observer_ = nullptr;  // tracking, when attached
   detail::Accounting accounting_;

@@ -28,8 +28,8 @@ struct Page {
   ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
   static constexpr std::uint32_t kMaxClashes = 15;
   std::uint32_t refs : 24 = 0;    // used ranges overlapping the page (a few dozen at most)
-  // Mapped in the engine's books, but the malloc that maps it is still making the device calls
-  // with the engine's lock released (Backing::MapJob): not usable before it lands.
+  // Claimed by a malloc in its slow path (Backing::map_missing), which may release the engine's
+  // lock before its maps are made: not usable before it lands.
   std::uint32_t in_flight : 1 = 0;
   std::uint32_t aliased : 1 = 0;  // the chunk is mapped at other pages too (ChunkPool)
   // How many times it had to be remapped (its chunk was busy elsewhere), up to kMaxClashes.

@@ -69,8 +69,8 @@ class StepPlanner {
   };
   Ticket request(std::size_t bytes);
   // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
-  // offset. A malloc's device calls are made with the engine's lock released, so other mallocs,
-  // frees and marks may come between a request and its `taken`: the ticket says which record.
+  // offset. A malloc's slow path releases the engine's lock at times, so other mallocs, frees
+  // and marks may come between a request and its `taken`: the ticket says which record.
   void taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept;
   // A planned block could not take its offset (the range was not free): the lifetimes did not
   // hold, so the step is planned again at its end.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -102,26 +103,43 @@ std::uint64_t device_calls(const SimulatedDevice& d) {
   return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) + d.calls(DeviceCall::unmap);
 }
 
-TEST(StepPlan, ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls) {
-  SimulatedDevice device;
-  Engine engine(device);
-  void* weights = engine.malloc(64 * MiB);
-  Loop loop{engine};
-  engine.mark_step();
+// Five rounds of lengths 3, 7, 5 and 4, each a step(len) that returns its transient blocks: from
+// round 3 on each length's blocks are where they were the round before, and no round calls the
+// device. Returns each length's blocks of the last round.
+std::map<std::size_t, std::vector<void*>> expect_rounds_settle(
+    SimulatedDevice& device, Engine& engine, const std::function<std::vector<void*>(std::size_t)>& step) {
   const std::size_t lengths[] = {3, 7, 5, 4};
   std::map<std::size_t, std::vector<void*>> last;
-  // Round 0 records each length; plans are followed from the second length that comes back (7
-  // in round 1), so length 3 follows its plan from round 2 on.
   for (int round = 0; round < 5; ++round) {
     const std::uint64_t before = device_calls(device);
     for (const std::size_t len : lengths) {
-      const std::vector<void*> addrs = loop.step(len);
+      const std::vector<void*> addrs = step(len);
       if (round >= 3) EXPECT_EQ(addrs, last[len]) << "length " << len << " moved in round " << round;
       last[len] = addrs;
       engine.check_invariants();
     }
     if (round >= 3) EXPECT_EQ(device_calls(device) - before, 0u) << "round " << round;
   }
+  return last;
+}
+
+// Whether `p` lies outside the online arena. `weights`, a 64 MiB block malloc'ed first, sits at
+// the top of the stream's arena, which spans the device's size.
+bool in_plan_region(SimulatedDevice& device, const void* weights, const void* p) {
+  const auto online_end = reinterpret_cast<std::uintptr_t>(weights) + 64 * MiB;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  return a >= online_end || a < online_end - device.mem_info().total;
+}
+
+TEST(StepPlan, ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls) {
+  SimulatedDevice device;
+  Engine engine(device);
+  void* weights = engine.malloc(64 * MiB);
+  Loop loop{engine};
+  engine.mark_step();
+  // Round 0 records each length; plans are followed from the second length that comes back (7
+  // in round 1), so length 3 follows its plan from round 2 on.
+  const auto last = expect_rounds_settle(device, engine, [&](std::size_t len) { return loop.step(len); });
   // What the stats say (gmem.steps_marked, gmem.plan_*): every step of rounds 3 and 4 followed
   // its plan, each of its 32 range mallocs at its planned offset, and nothing left a plan.
   const MemoryStats s = engine.stats();
@@ -133,16 +151,9 @@ TEST(StepPlan, ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls) {
   EXPECT_EQ(s.plan_conflicts, 0);
   EXPECT_GE(s.plan_extent_bytes, static_cast<std::int64_t>(8 * 7 * MiB));
   // The transient blocks sit in the plan region, apart from the blocks placed online.
-  // The weights (64 MiB: placed at the top of the stream's arena, which spans the device's size)
-  // tell where the online arena is.
-  const auto online_end = reinterpret_cast<std::uintptr_t>(weights) + 64 * MiB;
-  const auto in_plan = [&](void* p) {
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    return a >= online_end || a < online_end - device.mem_info().total;
-  };
   for (const auto& [len, addrs] : last)
-    for (void* p : addrs) EXPECT_TRUE(in_plan(p)) << "length " << len;
-  EXPECT_FALSE(in_plan(loop.carried));
+    for (void* p : addrs) EXPECT_TRUE(in_plan_region(device, weights, p)) << "length " << len;
+  EXPECT_FALSE(in_plan_region(device, weights, loop.carried));
   engine.free(loop.carried);
   engine.free(weights);
   engine.check_invariants();
@@ -175,24 +186,9 @@ TEST(StepPlan, FreesRightAfterTheMarkBelongToTheStep) {
     engine.mark_step();  // after optimizer.step(): the gradients are still alive
     return addrs;
   };
-  const std::size_t lengths[] = {3, 7, 5, 4};
-  std::map<std::size_t, std::vector<void*>> last;
-  for (int round = 0; round < 5; ++round) {
-    const std::uint64_t before = device_calls(device);
-    for (const std::size_t len : lengths) {
-      const std::vector<void*> addrs = step(len);
-      if (round >= 3) EXPECT_EQ(addrs, last[len]) << "length " << len << " moved in round " << round;
-      last[len] = addrs;
-      engine.check_invariants();
-    }
-    if (round >= 3) EXPECT_EQ(device_calls(device) - before, 0u) << "round " << round;
-  }
-  const auto online_end = reinterpret_cast<std::uintptr_t>(weights) + 64 * MiB;
+  const auto last = expect_rounds_settle(device, engine, step);
   for (const auto& [len, addrs] : last)
-    for (void* p : addrs) {
-      const auto a = reinterpret_cast<std::uintptr_t>(p);
-      EXPECT_TRUE(a >= online_end || a < online_end - device.mem_info().total) << "length " << len;
-    }
+    for (void* p : addrs) EXPECT_TRUE(in_plan_region(device, weights, p)) << "length " << len;
   const MemoryStats s = engine.stats();
   EXPECT_EQ(s.plan_mismatches, 0);
   EXPECT_EQ(s.plan_conflicts, 0);
