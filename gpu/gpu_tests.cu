@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,7 @@ class CheckingDevice final : public Device {
       std::lock_guard lock(mutex_);
       EXPECT_EQ(va_chunk_.count(va), 0u) << "address mapped twice";
       va_chunk_[va] = {chunk, size};
+      unaccessed_.insert(va);
       ++maps_of_[chunk];
       ++maps_;
       aliases_ += maps_of_[chunk] > 1;
@@ -63,14 +65,28 @@ class CheckingDevice final : public Device {
     inner_.map(va, size, chunk);
   }
   void unmap(DevicePtr va, std::size_t size) override {
+    {
+      // The driver broke a chunk when an alias of it was unmapped between another thread's
+      // cuMemMap and cuMemSetAccess of it (Backing::mapping_calls_).
+      std::lock_guard lock(mutex_);
+      for (auto it = va_chunk_.lower_bound(va); it != va_chunk_.end() && it->first < va + size; ++it)
+        for (DevicePtr other : unaccessed_)
+          EXPECT_FALSE(other != it->first && va_chunk_.at(other).first == it->second.first)
+              << "an alias unmapped while another awaits its access";
+    }
     inner_.unmap(va, size);
     std::lock_guard lock(mutex_);
     for (auto it = va_chunk_.lower_bound(va); it != va_chunk_.end() && it->first < va + size;) {
       --maps_of_[it->second.first];
+      unaccessed_.erase(it->first);
       it = va_chunk_.erase(it);
     }
   }
-  void set_access(DevicePtr va, std::size_t size) override { inner_.set_access(va, size); }
+  void set_access(DevicePtr va, std::size_t size) override {
+    inner_.set_access(va, size);
+    std::lock_guard lock(mutex_);
+    unaccessed_.erase(unaccessed_.lower_bound(va), unaccessed_.lower_bound(va + size));
+  }
   EventHandle create_event() override { return inner_.create_event(); }
   void destroy_event(EventHandle event) override { inner_.destroy_event(event); }
   void record_event(EventHandle event, StreamId stream) override {
@@ -93,6 +109,7 @@ class CheckingDevice final : public Device {
   mutable std::mutex mutex_;
   std::map<ChunkHandle, int> maps_of_;
   std::map<DevicePtr, std::pair<ChunkHandle, std::size_t>> va_chunk_;
+  std::set<DevicePtr> unaccessed_;  // mapped, access not set yet (a few at a time)
   int maps_ = 0;
   int aliases_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "gmem/device.hpp"
 
@@ -147,6 +148,11 @@ class SimulatedDevice final : public Device {
   bool is_accessible(DevicePtr va) const;  // mapped and set_access'ed
   ChunkHandle chunk_at(DevicePtr va) const;  // 0 when unmapped
   std::size_t live_events() const;
+  // Unmaps of a chunk's mapping while another mapping of it awaited set_access. On an H100 a
+  // thread's cuMemUnmap landing between another thread's cuMemMap and cuMemSetAccess of the same
+  // chunk left the chunk broken: its next cuMemMap failed with CUDA_ERROR_UNKNOWN. This device
+  // does the same, whichever thread the calls come from: the chunk's next map throws.
+  std::uint64_t unsafe_alias_unmaps() const;
 
  private:
   struct Failure {
@@ -188,6 +194,9 @@ class SimulatedDevice final : public Device {
   std::map<DevicePtr, std::size_t> reservations_;         // base -> size
   std::unordered_map<ChunkHandle, std::size_t> chunks_;   // handle -> size
   std::unordered_map<ChunkHandle, std::size_t> chunk_maps_;  // handle -> times mapped
+  std::unordered_map<ChunkHandle, std::size_t> awaiting_access_;  // handle -> its maps not set_access'ed
+  std::unordered_set<ChunkHandle> broken_chunks_;  // see unsafe_alias_unmaps()
+  std::uint64_t unsafe_alias_unmaps_ = 0;
   ChunkHandle next_chunk_ = 1;
   std::size_t chunk_bytes_ = 0;
   std::unordered_map<DevicePtr, Granule> granules_;       // granule-aligned va -> mapping

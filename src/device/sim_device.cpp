@@ -203,6 +203,7 @@ void SimulatedDevice::release_chunk(ChunkHandle chunk) {
   }
   chunk_bytes_ -= it->second;
   chunks_.erase(it);
+  broken_chunks_.erase(chunk);
 }
 
 void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
@@ -218,6 +219,12 @@ void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
                                                " differs from the chunk's " +
                                                std::to_string(it->second));
   }
+  if (broken_chunks_.count(chunk) != 0) {
+    throw DeviceError(call, kUnknown,
+                      "chunk " + std::to_string(chunk) +
+                          ": another alias of it was unmapped while one awaited cuMemSetAccess "
+                          "(the CUDA driver failed such a chunk's next map this way)");
+  }
   check_granular(va, "address", call);
   check_reserved(va, size, call);
   const std::size_t step = options_.granularity;
@@ -230,6 +237,7 @@ void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
     granules_.emplace(va + offset, Granule{chunk, offset, false});
   }
   ++chunk_maps_[chunk];
+  ++awaiting_access_[chunk];
 }
 
 void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
@@ -257,8 +265,17 @@ void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
   for (std::size_t offset = 0; offset < size; offset += step) {
     auto it = granules_.find(va + offset);
     if (it->second.offset == 0) {
-      auto maps = chunk_maps_.find(it->second.chunk);
+      const ChunkHandle chunk = it->second.chunk;
+      auto maps = chunk_maps_.find(chunk);
       if (--maps->second == 0) chunk_maps_.erase(maps);
+      auto awaiting = awaiting_access_.find(chunk);
+      if (!it->second.accessible && --awaiting->second == 0) awaiting_access_.erase(awaiting);
+      // Another mapping of this chunk was made and its access not yet set: the real driver
+      // broke the chunk when the two calls came from different threads (docs/engine.md).
+      if (awaiting_access_.count(chunk) != 0) {
+        broken_chunks_.insert(chunk);
+        ++unsafe_alias_unmaps_;
+      }
     }
     granules_.erase(it);
   }
@@ -278,7 +295,12 @@ void SimulatedDevice::set_access(DevicePtr va, std::size_t size) {
     }
   }
   for (std::size_t offset = 0; offset < size; offset += step) {
-    granules_.find(va + offset)->second.accessible = true;
+    Granule& g = granules_.find(va + offset)->second;
+    if (!g.accessible && g.offset == 0) {
+      auto awaiting = awaiting_access_.find(g.chunk);
+      if (--awaiting->second == 0) awaiting_access_.erase(awaiting);
+    }
+    g.accessible = true;
   }
 }
 
@@ -461,6 +483,11 @@ ChunkHandle SimulatedDevice::chunk_at(DevicePtr va) const {
   std::lock_guard lock(mutex_);
   auto it = granules_.find(va & ~static_cast<DevicePtr>(options_.granularity - 1));
   return it == granules_.end() ? 0 : it->second.chunk;
+}
+
+std::uint64_t SimulatedDevice::unsafe_alias_unmaps() const {
+  std::lock_guard lock(mutex_);
+  return unsafe_alias_unmaps_;
 }
 
 std::size_t SimulatedDevice::live_events() const {

@@ -379,7 +379,7 @@ void Backing::end_run(std::uint32_t index) {
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy
 // elsewhere, map the missing ones, then set access run by run.
 //
-// Some of its device calls (a create, the unmap of a clashing page, a stream wait: up to
+// Its device calls (creates, the unmap of a clashing page, a stream wait, the MapJob: up to
 // milliseconds) are made with the engine's lock released, so that other threads' mallocs and
 // frees from mapped pages go on meanwhile. Every decision is still made under the lock and in
 // the same order, so a single thread sees exactly what it saw with the calls made in place. What
@@ -390,17 +390,14 @@ void Backing::end_run(std::uint32_t index) {
 //     them (Page::in_flight) before the lock is first released: a block that takes a claimed page
 //     is not ready (back_pages) and waits here, holding no references, until the claim lands.
 //     So on a claimed page every other reference is a finished block's: refs > 1 means ready.
-// Made unlocked: the clash unmap of its own page, cuMemCreate (its slot counted against the limit
-// meanwhile) and the wait for its own stream. Kept under the lock: the MapJob (the maps and
-// set_access calls, booked first by plan_maps and made at the end), the steal's eviction unmap
-// and its waits for other streams (the page and chunk are nobody's until the books say so), and
-// reclaiming (it walks the engine's blocks).
+// Kept under the lock: the steal's eviction unmap and its waits for other streams (the page and
+// chunk are nobody's until the books say so), and reclaiming (it walks the engine's blocks).
 //
-// The MapJob ran unlocked too until an H100 showed otherwise (2026-11-24): four threads stitching
-// at once on two streams (gpu/gpu_tests.cu, ThreadsStitchAtOnceAndKeepTheirData) failed in about
-// half their runs with cuMemMap returning CUDA_ERROR_UNKNOWN for a chunk the books held free. With
-// the job under the lock the same test fails in about one run in ten; with one stream, or with
-// one thread, never. The cause is not found (docs/engine.md, "Device calls outside the lock").
+// One more rule, from the driver: another thread may unmap an alias of a chunk this job maps (it
+// took the chunk's old page and found the chunk busy here), and if that unmap lands between the
+// job's cuMemMap and cuMemSetAccess of the chunk, an H100 broke the chunk: its next map failed
+// with CUDA_ERROR_UNKNOWN. So the job and every unmap hold mapping_calls_ (docs/engine.md, "A
+// driver rule").
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
@@ -419,7 +416,7 @@ void Backing::end_run(std::uint32_t index) {
   int stage = kFromCache;
   if (!plan_maps(arena, addr, bytes, job, stage)) return false;
   if (!job.pages.empty()) {
-    run_job(job);  // under the lock: see above
+    client_.without_lock([&] { run_job(job); });
     land(job, addr, bytes);
   }
   if (stage >= kStitched) ++accounting_.stats.num_stitches;
@@ -488,8 +485,10 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
       }
       job.pages.reserve(last - i + 1);
       job.chunks.reserve(last - i + 1);
+      job.undone.reserve(last - i + 1);  // the pushes below cannot throw
       job.pages.push_back(static_cast<std::uint32_t>(i));
       job.chunks.push_back(chunks_.at(chunk).handle);
+      job.undone.push_back(0);
       note_mapped(arena, i, chunk);
     }
   } catch (...) {
@@ -499,33 +498,46 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
   return true;
 }
 
-void Backing::run_job(MapJob& job) const noexcept {
+void Backing::run_job(MapJob& job) noexcept {
+  std::lock_guard order(mapping_calls_);  // no unmap between a map and its set_access
   try {
     for (; job.mapped < job.pages.size(); ++job.mapped)
-      device_.map(job.base + (DevicePtr{job.pages[job.mapped]} << page_shift_), granularity_,
-                  job.chunks[job.mapped]);
+      device_.map(page_address(job, job.mapped), granularity_, job.chunks[job.mapped]);
     job.for_each_run(job.pages.size(), [&](std::size_t k, std::size_t count) {
-      device_.set_access(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
+      device_.set_access(page_address(job, k), count << page_shift_);
       job.accessible = k + count;
     });
   } catch (...) {
     job.error = std::current_exception();
+    // Undone before mapping_calls_ is let go: a map left without its access while another
+    // thread unmaps an alias of its chunk is what breaks the chunk.
+    for (std::size_t k = job.mapped; k-- > 0;) {
+      try {
+        device_.unmap(page_address(job, k), granularity_);
+        job.undone[k] = 1;
+      } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
+      }
+    }
   }
 }
 
 void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes) {
-  if (observer_)
-    job.for_each_run(job.accessible, [&](std::size_t k, std::size_t count) {
-      observer_->on_map(job.base + (DevicePtr{job.pages[k]} << page_shift_), count << page_shift_);
-    });
-  if (!job.error) [[likely]] return;
-  // The device failed: what it did not map is taken back from the books, what it did is
-  // unmapped again, and the range gives its references back.
+  if (!job.error) [[likely]] {
+    if (observer_)
+      job.for_each_run(job.pages.size(), [&](std::size_t k, std::size_t count) {
+        observer_->on_map(page_address(job, k), count << page_shift_);
+      });
+    return;
+  }
+  // The device failed: what it did not map is taken back from the books, as are the maps
+  // run_job undid (device calls made: counted), and the range gives its references back.
   forget_maps(job, job.mapped);
   for (std::size_t k = job.mapped; k-- > 0;) {
-    try {
-      unmap_page(page_id(job.arena, job.pages[k]));
-    } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
+    if (job.undone[k]) {
+      note_unmapped(page_id(job.arena, job.pages[k]));
+      ++accounting_.stats.num_unmaps;
+    } else if (observer_ && k < job.accessible) {
+      observer_->on_map(page_address(job, k), granularity_);
     }
   }
   unref_pages(job.arena, addr, bytes, streams_.progress.stamp(arenas_[job.arena]->stream));
@@ -557,8 +569,12 @@ void Backing::note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk)
 
 void Backing::unmap_page(PageId id, bool unlock) {
   const DevicePtr va = arenas_[arena_of(id)]->ranges.base() + (DevicePtr{index_of(id)} << page_shift_);
-  if (unlock) unlocked([&] { device_.unmap(va, granularity_); });
-  else device_.unmap(va, granularity_);
+  auto unmap = [&] {
+    std::lock_guard order(mapping_calls_);  // never inside another thread's MapJob
+    device_.unmap(va, granularity_);
+  };
+  if (unlock) unlocked(unmap);
+  else unmap();
   note_unmapped(id);
   ++accounting_.stats.num_unmaps;
   if (observer_) observer_->on_unmap(va, granularity_);

@@ -16,6 +16,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,8 +52,8 @@ class BackingClient {
   virtual void arena_added() = 0;
   // Memory is short: give back empty slabs and the frees that wait on other streams.
   virtual void reclaim() = 0;
-  // The engine's lock around a malloc's device calls (its clash unmaps, creates and waits for its
-  // stream; see Backing::map_missing). without_lock releases it while
+  // The engine's lock around a malloc's device calls (its creates, maps, set-access calls, clash
+  // unmaps and waits for its stream; see Backing::map_missing). without_lock releases it while
   // `calls` runs (device calls only: no engine state; never throws) and takes it again;
   // wait_for_landing releases it until another thread calls landed() (or a spurious wakeup),
   // and takes it again; landed() wakes every waiter.
@@ -101,14 +102,16 @@ class ClashRule {
 };
 
 // The maps of one malloc's slow path and set_access over each contiguous run of them, booked
-// first and made at its end. map_missing decides everything (which chunk goes where; the books
-// say so at once), makes the calls and lands the job: a failure is rolled back from the books
-// (see Backing::map_missing for why the calls are made under the engine's lock).
+// first and made at its end with the engine's lock released. map_missing decides everything
+// under the lock (which chunk goes where; the books say so at once) and lands the job under it
+// again: a failure is rolled back from the books. Until then a page is mapped in the books but
+// not on the device, and its chunk busy through the malloc's reference.
 struct MapJob {
   std::uint32_t arena = 0;
   DevicePtr base = 0;                // the arena's base
   std::vector<std::uint32_t> pages;  // page indices in the arena, in address order
   std::vector<ChunkHandle> chunks;   // the chunk to map at each
+  std::vector<std::uint8_t> undone;  // 1: mapped, then unmapped again when the job failed
   std::size_t mapped = 0;            // how many of pages the device has mapped
   std::size_t accessible = 0;        // how many of those have their access set
   std::exception_ptr error;          // what the device threw, if it did
@@ -259,10 +262,13 @@ class Backing {
   std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
   // map_missing's steps: decide and book every map (the maps go to `job`; false on OOM, with the
-  // range's references given back); make the job's calls; land it (the observer is told; a device
-  // failure is rolled back and rethrown).
+  // range's references given back); make the job's calls (without the engine's lock, holding
+  // mapping_calls_); land it (the observer is told; a device failure is rolled back and rethrown).
   bool plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, MapJob& job, int& stage);
-  void run_job(MapJob& job) const noexcept;
+  void run_job(MapJob& job) noexcept;  // a failure unmaps what it mapped before returning
+  DevicePtr page_address(const MapJob& job, std::size_t k) const {
+    return job.base + (DevicePtr{job.pages[k]} << page_shift_);
+  }
   void land(MapJob& job, DevicePtr addr, std::size_t bytes);
   // Takes back the books of the job's maps from pages[from] on, which the device never made.
   void forget_maps(const MapJob& job, std::size_t from);
@@ -315,6 +321,10 @@ class Backing {
   std::size_t free_pages_ = 0;  // mapped pages with refs == 0
   std::size_t slow_mallocs_ = 0;  // in map_missing (its lock released at times)
   std::size_t creating_ = 0;      // chunks being created with the lock released
+  // Held by a MapJob over all its calls and by every unmap: the CUDA driver broke a chunk (its
+  // next cuMemMap failed with CUDA_ERROR_UNKNOWN) when another thread unmapped one of its aliases
+  // between the job's cuMemMap and cuMemSetAccess of it (see Backing::map_missing).
+  std::mutex mapping_calls_;
   const StreamTracker::Unlocked unlocked_ = [this](const std::function<void()>& calls) {
     unlocked(calls);
   };

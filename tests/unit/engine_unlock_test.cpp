@@ -1,10 +1,10 @@
-// A malloc that maps pages makes some of its device calls with the engine's lock released
-// (Backing::map_missing: creating chunks, unmapping its clashing pages, waiting for its stream;
-// its maps and set_access calls stay under the lock): other threads' mallocs and frees from
-// mapped pages go on meanwhile, a block that shares a page of such a malloc waits until it is
-// mapped, and a create that fails unlocked is rolled back as one made under the lock. A device
-// whose calls of one kind wait at a gate holds a malloc in the middle of its calls. (Named
-// *Thread*: scripts/test runs these under ThreadSanitizer.)
+// A malloc that maps pages makes its device calls with the engine's lock released
+// (Backing::map_missing: creating chunks, unmapping its clashing pages, waiting for its stream,
+// and the MapJob: its maps and set_access calls): other threads' mallocs and frees from mapped
+// pages go on meanwhile, a block that shares a page of such a malloc waits until it is mapped,
+// and a call that fails unlocked is rolled back as one made under the lock. A device whose calls
+// of one kind wait at a gate holds a malloc in the middle of its calls. (Named *Thread*:
+// scripts/test runs these under ThreadSanitizer.)
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -151,17 +151,22 @@ void* expect_others_go_on_while_held(GatedDevice& device, Engine& engine, Device
   return block;
 }
 
-// The maps and set_access calls are made under the lock (Backing::map_missing says why); the
-// chunks they need are created without it.
-TEST(EngineThreadUnlock, OthersGoOnWhileAMallocCreatesChunks) {
+class EngineThreadUnlock : public ::testing::TestWithParam<DeviceCall> {};
+
+TEST_P(EngineThreadUnlock, OthersGoOnWhileAMallocMapsNewPages) {
   GatedDevice device;
   Engine engine(device);
-  void* big = expect_others_go_on_while_held(device, engine, DeviceCall::create_chunk,
+  void* big = expect_others_go_on_while_held(device, engine, GetParam(),
                                              [&] { return engine.malloc(8 * MiB, 0); });
   engine.free(big);
   engine.check_invariants();
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Calls, EngineThreadUnlock,
+    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk),
+    [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
 
 // A page whose chunk is busy through another alias is remapped: the clash unmap, and before it
 // the wait for the page's last use on the stream, are made without the lock too.
@@ -193,11 +198,14 @@ TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocWaitsForItsStream) {
   others_go_on_while_a_malloc_remaps(DeviceCall::synchronize_event);
 }
 
-TEST(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
+// Held while it creates its chunks or maps them: its pages are claimed throughout.
+class EngineThreadUnlockNeighbour : public ::testing::TestWithParam<DeviceCall> {};
+
+TEST_P(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
   GatedDevice device;
   Engine engine(device);
   const std::size_t granularity = device.granularity();
-  device.shut(DeviceCall::create_chunk);  // the malloc's pages are claimed while it creates
+  device.shut(GetParam());
   auto mapping = std::async(std::launch::async, [&] { return engine.malloc(3 * MiB); });
   device.wait_until_a_call_is_held();
   // 200 KiB is a range (not a slab), placed right after the 3 MiB block: on its last page.
@@ -216,12 +224,12 @@ TEST(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
   engine.check_invariants();
 }
 
-TEST(EngineThreadUnlockNeighbour, ACreateFailingUnlockedIsRolledBackWhileOthersWork) {
+TEST_P(EngineThreadUnlockNeighbour, ACallFailingUnlockedIsRolledBackWhileOthersWork) {
   GatedDevice device;
   {
     Engine engine(device);
     void* keep = engine.malloc(4 * KiB, 1);
-    device.shut(DeviceCall::create_chunk);
+    device.shut(GetParam());
     auto failing = std::async(std::launch::async, [&] { return engine.malloc(3 * MiB); });
     device.wait_until_a_call_is_held();
     auto neighbour = std::async(std::launch::async, [&] { return engine.malloc(200 * KiB); });
@@ -249,6 +257,10 @@ TEST(EngineThreadUnlockNeighbour, ACreateFailingUnlockedIsRolledBackWhileOthersW
   }
   EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Calls, EngineThreadUnlockNeighbour, ::testing::Values(DeviceCall::map, DeviceCall::create_chunk),
+    [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
 
 }  // namespace
 }  // namespace gmem
@@ -303,12 +315,59 @@ TEST(EngineThreadUnlockStress, FourThreadsShareAStreamWhileDeviceCallsFail) {
     device.sim.fail_call(DeviceCall::create_chunk, 0);
     engine.check_invariants();
     EXPECT_GT(failures.load(), 0);
+    // A failed job undoes its maps before another thread's unmap can land beside them.
+    EXPECT_EQ(device.sim.unsafe_alias_unmaps(), 0u);
     EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
     EXPECT_EQ(static_cast<std::int64_t>(device.sim.chunk_bytes()),
               engine.stats().reserved_bytes[kAllPools].current);
     engine.free(engine.malloc(64 * MiB));  // works on
     engine.empty_cache();
     EXPECT_EQ(device.sim.chunk_bytes(), 0u) << "chunks leaked";
+  }
+  EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
+}
+
+// Four threads on two streams stitch at once, as gpu/gpu_tests.cu's
+// ThreadsStitchAtOnceAndKeepTheirData does on an H100: chunks move between the streams' arenas
+// (aliases), and a malloc whose page's chunk is busy elsewhere unmaps that alias without the
+// lock. Such an unmap must never land inside another thread's MapJob, between its map and
+// set_access of the same chunk: the H100's driver then broke the chunk (its next map failed with
+// CUDA_ERROR_UNKNOWN), and the simulated device does the same.
+TEST(EngineThreadUnlockStress, ThreadsOnTwoStreamsNeverUnmapAnAliasInsideAMapJob) {
+  SimDeviceOptions o;
+  o.capacity = 192 * MiB;
+  GatedDevice device(o);
+  device.yield_in_calls();
+  {
+    Engine engine(device);
+    std::atomic<int> errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        const StreamId stream = static_cast<StreamId>(t % 2);
+        std::mt19937 rng(static_cast<unsigned>(t) + 1);
+        std::vector<void*> live;
+        for (int i = 0; i < 2000; ++i) {
+          if (live.size() >= 10) {
+            engine.free(live.front());
+            live.erase(live.begin());
+          }
+          try {
+            live.push_back(engine.malloc(200 * KiB + rng() % (4 * MiB), stream));
+          } catch (const Error& e) {
+            if (errors.fetch_add(1) == 0) ADD_FAILURE() << e.what();
+          }
+        }
+        for (void* p : live) engine.free(p);
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(errors.load(), 0);
+    EXPECT_EQ(device.sim.unsafe_alias_unmaps(), 0u);
+    EXPECT_GT(engine.stats().num_stitches, 0);
+    EXPECT_GT(device.sim.calls(DeviceCall::unmap), 0u);
+    engine.check_invariants();
+    EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
   }
   EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
 }

@@ -164,6 +164,43 @@ TEST(SimDevice, SetAccessNeedsMappedGranules) {
   EXPECT_FALSE(device.is_accessible(base));
 }
 
+// What the CUDA driver did on an H100 when one thread unmapped an alias of a chunk between
+// another thread's cuMemMap and cuMemSetAccess of that chunk: the chunk's next map failed with
+// CUDA_ERROR_UNKNOWN. The simulated device breaks the chunk the same way, from any thread.
+TEST(SimDevice, UnmappingAnAliasWhileAnotherAwaitsAccessBreaksTheChunk) {
+  SimulatedDevice device;
+  const DevicePtr base = device.reserve_address(8 * kGranule, 0);
+  const ChunkHandle safe = device.create_chunk(kGranule);
+  const ChunkHandle broken = device.create_chunk(kGranule);
+  // The safe order: the new alias gets its access before the old one goes.
+  device.map(base, kGranule, safe);
+  device.set_access(base, kGranule);
+  device.map(base + kGranule, kGranule, safe);
+  device.set_access(base + kGranule, kGranule);
+  device.unmap(base, kGranule);
+  device.map(base + 2 * kGranule, kGranule, safe);
+  // Unmapping the alias that awaits access itself (a failed malloc's rollback) is safe too.
+  device.unmap(base + 2 * kGranule, kGranule);
+  device.map(base + 2 * kGranule, kGranule, safe);
+  EXPECT_EQ(device.unsafe_alias_unmaps(), 0u);
+  // The unsafe order.
+  device.map(base + 4 * kGranule, kGranule, broken);
+  device.set_access(base + 4 * kGranule, kGranule);
+  device.map(base + 5 * kGranule, kGranule, broken);
+  device.unmap(base + 4 * kGranule, kGranule);
+  EXPECT_EQ(device.unsafe_alias_unmaps(), 1u);
+  device.set_access(base + 5 * kGranule, kGranule);  // too late
+  const DeviceError e =
+      expect_device_error([&] { device.map(base + 6 * kGranule, kGranule, broken); }, "cuMemMap");
+  EXPECT_EQ(e.result(), 999) << e.what();
+  EXPECT_FALSE(device.is_mapped(base + 6 * kGranule));
+  // Other chunks map on; a chunk created again is whole.
+  device.map(base + 6 * kGranule, kGranule, device.create_chunk(kGranule));
+  device.unmap(base + 5 * kGranule, kGranule);
+  device.release_chunk(broken);
+  EXPECT_EQ(device.unsafe_alias_unmaps(), 1u);
+}
+
 TEST(SimDevice, RunsOutOfMemoryAtCapacity) {
   SimDeviceOptions options;
   options.capacity = 10 * kGranule;
