@@ -3,7 +3,9 @@
 #include "engine/step_plan.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 namespace gmem::detail {
@@ -66,10 +68,15 @@ void StepPlanner::close_step() {
   closing_ = false;
   if (!step_.empty() && !record_exact_) {
     // Not the plan's step, or not exactly: keep what it did, planned when the shape comes back
-    // (most one-off shapes never do; planning costs O(n^2) in the step's blocks).
-    Shape& shape = shapes_[step_[0].size];
+    // (most one-off shapes never do; planning costs O(n^2) in the step's blocks), or at once in
+    // the background where shapes take turns.
+    const std::size_t key = step_[0].size;
+    Shape& shape = shapes_[key];
     shape.record.swap(step_);
     shape.planned = false;
+    shape.made.reset();
+    ++shape.generation;
+    if (background_ && taking_turns_) plan_in_background({key});
   }
   step_.clear();
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
@@ -77,25 +84,85 @@ void StepPlanner::close_step() {
   exact_ = true;
 }
 
-void StepPlanner::plan(Shape& shape) {
+StepPlanner::Made StepPlanner::make_plan(const std::vector<Recorded>& record) {
   std::vector<PlanBlock> blocks;
   std::vector<std::uint32_t> index;  // the ordinal of each of `blocks`
-  for (std::uint32_t k = 0; k < shape.record.size(); ++k) {
-    const Recorded& r = shape.record[k];
+  for (std::uint32_t k = 0; k < record.size(); ++k) {
+    const Recorded& r = record[k];
     if (r.end == kAlive) continue;  // long-lived: stays online
     blocks.push_back({r.size, r.start, r.end});
     index.push_back(k);
   }
-  const std::size_t extent = place_offline(blocks);
-  Plan& plan = shape.plan;
-  plan.sizes.clear();
-  for (const Recorded& r : shape.record) plan.sizes.push_back(r.size);
-  plan.offsets.assign(shape.record.size(), kOnline);
-  for (std::size_t b = 0; b < blocks.size(); ++b) plan.offsets[index[b]] = blocks[b].offset;
+  Made made;
+  made.extent = place_offline(blocks);
+  for (const Recorded& r : record) made.plan.sizes.push_back(r.size);
+  made.plan.offsets.assign(record.size(), kOnline);
+  for (std::size_t b = 0; b < blocks.size(); ++b) made.plan.offsets[index[b]] = blocks[b].offset;
+  return made;
+}
+
+void StepPlanner::plan(Shape& shape) {
+  if (!shape.made && !pending_.empty()) collect(&shape);
+  stats_.ahead += shape.made.has_value();
+  Made made = shape.made ? std::move(*shape.made) : make_plan(shape.record);
+  shape.plan = std::move(made.plan);
+  shape.made.reset();
   shape.record = {};
   shape.planned = true;
   ++stats_.plans;
-  stats_.extent = std::max(stats_.extent, extent);
+  stats_.extent = std::max(stats_.extent, made.extent);
+}
+
+void StepPlanner::plan_in_background(const std::vector<std::size_t>& keys) {
+  collect(nullptr);
+  try {
+    struct Job {
+      std::vector<Recorded> record;
+      std::promise<Made> made;
+    };
+    std::vector<Job> jobs;
+    std::vector<Pending> pending;
+    for (const std::size_t key : keys) {
+      const Shape& shape = shapes_.at(key);
+      jobs.push_back({shape.record, {}});
+      pending.push_back({key, shape.generation, jobs.back().made.get_future()});
+    }
+    std::thread([jobs = std::move(jobs)]() mutable {
+      for (Job& job : jobs) {
+        try {
+          job.made.set_value(make_plan(job.record));
+        } catch (...) {
+          job.made.set_exception(std::current_exception());
+        }
+      }
+    }).detach();
+    for (Pending& p : pending) pending_.push_back(std::move(p));
+  } catch (...) {  // no thread (or no memory): planned when their shapes come back, as before
+  }
+}
+
+void StepPlanner::collect(const Shape* wait_for) {
+  for (std::size_t k = 0; k < pending_.size();) {
+    Pending& p = pending_[k];
+    const auto it = shapes_.find(p.shape);
+    const bool current = it != shapes_.end() && it->second.generation == p.generation &&
+                         !it->second.planned;
+    const bool wait = current && &it->second == wait_for;
+    if (current && !wait && p.made.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ++k;
+      continue;
+    }
+    // Done, waited for, or made for a record no longer kept (dropped unread: the thread owns
+    // the shared state, and dropping the future does not wait for it).
+    if (current) {
+      try {
+        it->second.made = p.made.get();
+      } catch (...) {  // what the thread threw (out of memory): made here when the shape comes back
+      }
+    }
+    if (k + 1 != pending_.size()) pending_[k] = std::move(pending_.back());
+    pending_.pop_back();
+  }
 }
 
 StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
@@ -104,7 +171,15 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   if (ordinal == 0) {
     if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();
     Shape& shape = shapes_[bytes];
-    if (++shape.steps >= 2 && bytes != last_shape_) taking_turns_ = true;
+    if (++shape.steps >= 2 && bytes != last_shape_ && !taking_turns_) {
+      taking_turns_ = true;
+      if (background_) {  // the records kept so far, but this step's own (planned below)
+        std::vector<std::size_t> keys;
+        for (const auto& [key, other] : shapes_)
+          if (key != bytes && !other.planned && !other.record.empty()) keys.push_back(key);
+        if (!keys.empty()) plan_in_background(keys);
+      }
+    }
     first_of_shape_ = shape.steps == 1;
     last_shape_ = bytes;
     if (taking_turns_ && !shape.planned && !shape.record.empty()) {

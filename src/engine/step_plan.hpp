@@ -17,6 +17,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +41,11 @@ std::size_t place_offline(std::vector<PlanBlock>& blocks);
 class StepPlanner {
  public:
   static constexpr std::size_t kOnline = ~std::size_t{0};  // not planned: placed online
+
+  // `background`: plan a record on a thread of its own as soon as it closes (below); without it,
+  // every plan is made when its shape comes back, on the caller's thread. Either way the same
+  // plans are made, from the same records, and followed from the same steps.
+  explicit StepPlanner(bool background = true) : background_(background) {}
 
   // Whether steps have been marked: until then the planner records nothing.
   bool active() const { return active_; }
@@ -85,6 +93,7 @@ class StepPlanner {
     std::uint64_t mismatches = 0;  // steps whose requests left their plan
     std::uint64_t conflicts = 0;   // planned offsets found taken
     std::uint64_t followed = 0;    // steps that began on a plan
+    std::uint64_t ahead = 0;       // plans made in the background, before their shape came back
     std::size_t extent = 0;        // the largest plan's extent
   };
   const Stats& stats() const { return stats_; }
@@ -120,14 +129,41 @@ class StepPlanner {
   // Plans by the size of their step's first range malloc (each shape's first request differs
   // where shapes take turns: an activation's size depends on the length), with how many steps
   // began with it.
+  // A plan and its extent, made from a record (place_offline: O(n^2) in the step's blocks).
+  struct Made {
+    Plan plan;
+    std::size_t extent = 0;
+  };
+  static Made make_plan(const std::vector<Recorded>& record);
   struct Shape {
     std::uint32_t steps = 0;
     bool planned = false;
     Plan plan;
     std::vector<Recorded> record;  // its last step, until planned
+    std::uint64_t generation = 0;  // records kept so far
+    std::optional<Made> made;      // made in the background from the current record
   };
-  void plan(Shape& shape);  // from its record
+  void plan(Shape& shape);  // from its record: made in the background, or here
   void close_step();        // the step's record ends (at the next step's first range malloc)
+  // Plans in the background: a Llama step of 3,800 range mallocs takes 5-14 ms to place
+  // (docs/engine.md), which held up the start of the step that came back to its shape, with the
+  // GPU idle behind it. So once shapes take turns, every record that may be planned is placed on
+  // another thread as soon as it closes (and, when shapes start taking turns, the records kept
+  // so far), while the program runs on; its plan is collected when its shape comes back
+  // (waiting for it there if it is not done). Each batch of records gets a thread of its own,
+  // which owns copies of the records and its results' shared states: the planner never waits
+  // for a thread to end.
+  struct Pending {
+    std::size_t shape = 0;
+    std::uint64_t generation = 0;
+    std::future<Made> made;
+  };
+  void plan_in_background(const std::vector<std::size_t>& keys);
+  // Moves the plans made in the background into their shapes (if they still hold the records
+  // they were made from); `wait_for`: the shape whose plan to wait for, if one is under way.
+  void collect(const Shape* wait_for);
+  bool background_;
+  std::vector<Pending> pending_;
   // At most kMaxShapes, each holding one step's record or plan: a program whose steps never
   // repeat would otherwise keep a record of every step. Beyond it the planner starts afresh.
   static constexpr std::size_t kMaxShapes = 256;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -406,6 +407,60 @@ TEST(StepPlan, WarmUpsAreAShapesFirstStepAndTheFirstStepOnANewPlan) {
     run_step(5 * MiB);
   }
   EXPECT_TRUE(run_step(512 * MiB));
+}
+
+}  // namespace
+}  // namespace gmem
+
+namespace gmem {
+namespace {
+
+// Plans made in the background (StepPlanner's default) are the plans made when their shapes
+// come back: two planners fed the same steps, one planning in the background and one on the
+// caller's thread, hand out the same offsets and count the same. Steps of eight shapes with
+// nested and crossing lifetimes, in a shuffled order, the records of the first round kept
+// before shapes take turns (planned in one background batch) and the later ones one by one.
+TEST(StepPlanThreads, PlansMadeInTheBackgroundAreThePlansMadeInPlace) {
+  detail::StepPlanner background(true), in_place(false);
+  std::mt19937 random(7);
+  std::vector<int> order;
+  for (int round = 0; round < 12; ++round)
+    for (int shape = 0; shape < 8; ++shape) order.push_back(shape);
+  std::shuffle(order.begin() + 8, order.end(), random);
+  for (detail::StepPlanner* planner : {&background, &in_place}) planner->mark_step();
+  std::size_t planned = 0;
+  for (const int shape : order) {
+    // A step of the shape: 40 blocks whose sizes and frees depend on the shape only.
+    std::mt19937 steps(static_cast<unsigned>(shape) + 1);
+    std::vector<std::size_t> sizes;
+    for (int k = 0; k < 40; ++k) sizes.push_back((1 + shape) * MiB + (steps() % 64) * 4096);
+    std::vector<int> frees(sizes.size());
+    std::iota(frees.begin(), frees.end(), 0);
+    std::shuffle(frees.begin(), frees.end(), steps);
+    std::vector<std::size_t> offsets[2];
+    for (int p = 0; p < 2; ++p) {
+      detail::StepPlanner& planner = p == 0 ? background : in_place;
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const detail::StepPlanner::Ticket t = planner.request(sizes[k]);
+        offsets[p].push_back(t.offset);
+        planner.taken(t, 0x100000000 + k * 64 * MiB, t.offset != detail::StepPlanner::kOnline);
+        if (k % 3 == 2)  // a third are freed as the step goes (temporaries), the rest at its end
+          planner.released(0x100000000 + (k - 1) * 64 * MiB);
+      }
+      for (const int k : frees)
+        if (k % 3 != 1) planner.released(0x100000000 + k * 64 * MiB);
+      planner.mark_step();
+    }
+    ASSERT_EQ(offsets[0], offsets[1]);
+    planned += offsets[0][0] != detail::StepPlanner::kOnline;
+  }
+  EXPECT_GT(planned, 60u);  // most steps after the first round follow a plan
+  EXPECT_EQ(background.stats().plans, in_place.stats().plans);
+  EXPECT_EQ(background.stats().hits, in_place.stats().hits);
+  EXPECT_EQ(background.stats().extent, in_place.stats().extent);
+  EXPECT_EQ(background.stats().mismatches, 0u);
+  EXPECT_GE(background.stats().ahead, 7u);  // the first round's records but the one coming back
+  EXPECT_EQ(in_place.stats().ahead, 0u);
 }
 
 }  // namespace
