@@ -62,7 +62,15 @@ class CheckingDevice final : public Device {
       ++maps_;
       aliases_ += maps_of_[chunk] > 1;
     }
-    inner_.map(va, size, chunk);
+    try {
+      inner_.map(va, size, chunk);
+    } catch (...) {  // not mapped after all
+      std::lock_guard lock(mutex_);
+      va_chunk_.erase(va);
+      unaccessed_.erase(va);
+      --maps_of_[chunk];
+      throw;
+    }
   }
   void unmap(DevicePtr va, std::size_t size) override {
     {

@@ -396,15 +396,16 @@ void Backing::end_run(std::uint32_t index) {
 // One more rule, from the driver: another thread may unmap an alias of a chunk this job maps (it
 // took the chunk's old page and found the chunk busy here), and if that unmap lands between the
 // job's cuMemMap and cuMemSetAccess of the chunk, an H100 broke the chunk: its next map failed
-// with CUDA_ERROR_UNKNOWN. So the job and every unmap hold mapping_calls_ (docs/engine.md, "A
-// driver rule").
+// with CUDA_ERROR_UNKNOWN. So the job and the clash unmap hold mapping_calls_ (docs/engine.md,
+// "A driver rule"); unmaps under the lock never take a chunk a job maps (unmap_page).
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
   PageTable& pages = arenas_[arena]->pages;
   if (pages.get(first).in_flight || pages.get(last).in_flight) [[unlikely]]
     return wait_and_take_again(arena, addr, bytes);
-  // Claimed until this returns or throws (a failure's rollback is done under the lock by then).
+  // Claimed until this returns or throws (by then a failed job's maps are undone, and its books
+  // rolled back under the lock).
   struct Claim {
     Page &low, &high;
     Claim(Page& l, Page& h) : low(l), high(h) { low.in_flight = high.in_flight = 1; }
@@ -516,6 +517,12 @@ void Backing::run_job(MapJob& job) noexcept {
         device_.unmap(page_address(job, k), granularity_);
         job.undone[k] = 1;
       } catch (...) {  // stays mapped: a page like any other, its chunk free once unref'd
+        if (k >= job.accessible) {
+          try {  // ... so it needs its access (a block may be placed on it)
+            device_.set_access(page_address(job, k), granularity_);
+          } catch (...) {  // both failed: the device is failing; the books say mapped
+          }
+        }
       }
     }
   }
@@ -536,7 +543,7 @@ void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes) {
     if (job.undone[k]) {
       note_unmapped(page_id(job.arena, job.pages[k]));
       ++accounting_.stats.num_unmaps;
-    } else if (observer_ && k < job.accessible) {
+    } else if (observer_) {  // stays mapped: told like any map, as its unmap will be
       observer_->on_map(page_address(job, k), granularity_);
     }
   }
@@ -569,12 +576,17 @@ void Backing::note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk)
 
 void Backing::unmap_page(PageId id, bool unlock) {
   const DevicePtr va = arenas_[arena_of(id)]->ranges.base() + (DevicePtr{index_of(id)} << page_shift_);
-  auto unmap = [&] {
-    std::lock_guard order(mapping_calls_);  // never inside another thread's MapJob
+  // Unmaps made under the lock take free pages only (refs == 0 at every alias of the chunk),
+  // so no MapJob maps their chunk: a job's chunks are busy through its malloc's references.
+  // Only the clash unmap, made without the lock, can meet one (map_missing).
+  if (unlock) {
+    unlocked([&] {
+      std::lock_guard order(mapping_calls_);  // never inside another thread's MapJob
+      device_.unmap(va, granularity_);
+    });
+  } else {
     device_.unmap(va, granularity_);
-  };
-  if (unlock) unlocked(unmap);
-  else unmap();
+  }
   note_unmapped(id);
   ++accounting_.stats.num_unmaps;
   if (observer_) observer_->on_unmap(va, granularity_);

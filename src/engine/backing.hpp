@@ -321,9 +321,10 @@ class Backing {
   std::size_t free_pages_ = 0;  // mapped pages with refs == 0
   std::size_t slow_mallocs_ = 0;  // in map_missing (its lock released at times)
   std::size_t creating_ = 0;      // chunks being created with the lock released
-  // Held by a MapJob over all its calls and by every unmap: the CUDA driver broke a chunk (its
-  // next cuMemMap failed with CUDA_ERROR_UNKNOWN) when another thread unmapped one of its aliases
-  // between the job's cuMemMap and cuMemSetAccess of it (see Backing::map_missing).
+  // Held by a MapJob over all its calls and by a clash unmap made without the engine's lock: the
+  // CUDA driver broke a chunk (its next cuMemMap failed with CUDA_ERROR_UNKNOWN) when another
+  // thread unmapped one of its aliases between the job's cuMemMap and cuMemSetAccess of it (see
+  // Backing::map_missing). The only lock besides the engine's, and taken after it.
   std::mutex mapping_calls_;
   const StreamTracker::Unlocked unlocked_ = [this](const std::function<void()>& calls) {
     unlocked(calls);

@@ -12,8 +12,9 @@
 //   Streams          (streams.hpp)     each stream's index, arenas, and progress
 //
 // Everything below mutex_ is guarded by it; tracking (src/tracking/tracker.cpp) takes it too and
-// reads live_, observer_, attach() and Backing's mapped_ranges() under it. No piece has a lock
-// of its own: one lock per malloc is what makes tracking cheap.
+// reads live_, observer_, attach() and Backing's mapped_ranges() under it. One lock per malloc
+// is what makes tracking cheap; the only other one, Backing's mapping_calls_, orders device calls
+// made without it (a malloc's maps against another's clash unmap).
 #pragma once
 
 #include <condition_variable>

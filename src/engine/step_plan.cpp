@@ -75,8 +75,8 @@ void StepPlanner::close_step() {
     shape.record.swap(step_);
     shape.planned = false;
     shape.made.reset();
-    ++shape.generation;
-    if (background_ && taking_turns_) plan_in_background({key});
+    shape.generation = ++records_;
+    if (background_ && taking_turns_ && shapes_recur() && !planning()) plan_in_background({key});
   }
   step_.clear();
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
@@ -139,6 +139,12 @@ void StepPlanner::plan_in_background(const std::vector<std::size_t>& keys) {
     for (Pending& p : pending) pending_.push_back(std::move(p));
   } catch (...) {  // no thread (or no memory): planned when their shapes come back, as before
   }
+}
+
+bool StepPlanner::planning() const {
+  for (const Pending& p : pending_)
+    if (p.made.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return true;
+  return false;
 }
 
 void StepPlanner::collect(const Shape* wait_for) {

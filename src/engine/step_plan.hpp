@@ -57,11 +57,9 @@ class StepPlanner {
   //   program runs: not a warm-up. The first 64 steps count as recurring (a program's first
   //   steps are mostly new shapes either way);
   // - the first step on a plan just made: its pages of the plan region get their chunks.
-  bool warm_up() const {
-    const bool shapes_recur = step_number_ < kRecentSteps ||
-                              static_cast<std::uint64_t>(std::popcount(new_shapes_)) <= kRecentSteps / 2;
-    return first_on_plan_ || (first_of_shape_ && shapes_recur);
-  }
+  bool warm_up() const { return first_on_plan_ || (first_of_shape_ && shapes_recur()); }
+  // Whether a plan is being made in the background (for tests: they wait until none is).
+  bool planning() const;
 
   // A step ends (and the next begins). Its record stays open until the next step's first range
   // malloc (request), so that frees in between count as its own; then it is kept as its
@@ -93,7 +91,7 @@ class StepPlanner {
     std::uint64_t mismatches = 0;  // steps whose requests left their plan
     std::uint64_t conflicts = 0;   // planned offsets found taken
     std::uint64_t followed = 0;    // steps that began on a plan
-    std::uint64_t ahead = 0;       // plans made in the background, before their shape came back
+    std::uint64_t ahead = 0;       // plans made in the background (collected, or waited for)
     std::size_t extent = 0;        // the largest plan's extent
   };
   const Stats& stats() const { return stats_; }
@@ -126,44 +124,51 @@ class StepPlanner {
   bool first_on_plan_ = false;   // the step running is the first on its shape's plan
   static constexpr std::uint64_t kRecentSteps = 64;
   std::uint64_t new_shapes_ = 0;  // of the last 64 steps, bit 0 the latest: first of its shape
-  // Plans by the size of their step's first range malloc (each shape's first request differs
-  // where shapes take turns: an activation's size depends on the length), with how many steps
-  // began with it.
   // A plan and its extent, made from a record (place_offline: O(n^2) in the step's blocks).
   struct Made {
     Plan plan;
     std::size_t extent = 0;
   };
   static Made make_plan(const std::vector<Recorded>& record);
+  // Plans by the size of their step's first range malloc (each shape's first request differs
+  // where shapes take turns: an activation's size depends on the length), with how many steps
+  // began with it.
   struct Shape {
     std::uint32_t steps = 0;
     bool planned = false;
     Plan plan;
     std::vector<Recorded> record;  // its last step, until planned
-    std::uint64_t generation = 0;  // records kept so far
+    std::uint64_t generation = 0;  // which record (records_ when it was kept)
     std::optional<Made> made;      // made in the background from the current record
   };
   void plan(Shape& shape);  // from its record: made in the background, or here
   void close_step();        // the step's record ends (at the next step's first range malloc)
   // Plans in the background: a Llama step of 3,800 range mallocs takes 5-14 ms to place
   // (docs/engine.md), which held up the start of the step that came back to its shape, with the
-  // GPU idle behind it. So once shapes take turns, every record that may be planned is placed on
-  // another thread as soon as it closes (and, when shapes start taking turns, the records kept
-  // so far), while the program runs on; its plan is collected when its shape comes back
-  // (waiting for it there if it is not done). Each batch of records gets a thread of its own,
-  // which owns copies of the records and its results' shared states: the planner never waits
-  // for a thread to end.
+  // GPU idle behind it. So once shapes take turns (and recur: not where most steps begin a new
+  // shape), a record is placed on another thread as soon as it closes, while the program runs
+  // on, one thread at a time (a record closing while one runs is planned when its shape comes
+  // back, as before); when shapes start taking turns, the records kept so far go as one batch.
+  // A plan is collected when its shape comes back (waiting for it there if it is not done). A
+  // thread owns copies of its records and its results' shared states, so the planner never waits
+  // for one to end. (Threads may outlive the engine: libgmem.so is never unloaded while one
+  // runs, as nothing dlcloses it.)
   struct Pending {
     std::size_t shape = 0;
     std::uint64_t generation = 0;
     std::future<Made> made;
   };
   void plan_in_background(const std::vector<std::size_t>& keys);
+  bool shapes_recur() const {  // fewer than half of the last 64 steps began a new shape
+    return step_number_ < kRecentSteps ||
+           static_cast<std::uint64_t>(std::popcount(new_shapes_)) <= kRecentSteps / 2;
+  }
   // Moves the plans made in the background into their shapes (if they still hold the records
   // they were made from); `wait_for`: the shape whose plan to wait for, if one is under way.
   void collect(const Shape* wait_for);
   bool background_;
   std::vector<Pending> pending_;
+  std::uint64_t records_ = 0;  // records kept so far (a Shape's generation)
   // At most kMaxShapes, each holding one step's record or plan: a program whose steps never
   // repeat would otherwise keep a record of every step. Beyond it the planner starts afresh.
   static constexpr std::size_t kMaxShapes = 256;

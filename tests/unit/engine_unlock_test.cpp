@@ -198,7 +198,9 @@ TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocWaitsForItsStream) {
   others_go_on_while_a_malloc_remaps(DeviceCall::synchronize_event);
 }
 
-// Held while it creates its chunks or maps them: its pages are claimed throughout.
+// Held while it creates its chunks, maps them or sets their access: its pages are claimed
+// throughout. A set-access failing undoes the maps already made (MapJob), with nothing left
+// mapped that the books do not know of.
 class EngineThreadUnlockNeighbour : public ::testing::TestWithParam<DeviceCall> {};
 
 TEST_P(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
@@ -259,7 +261,8 @@ TEST_P(EngineThreadUnlockNeighbour, ACallFailingUnlockedIsRolledBackWhileOthersW
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Calls, EngineThreadUnlockNeighbour, ::testing::Values(DeviceCall::map, DeviceCall::create_chunk),
+    Calls, EngineThreadUnlockNeighbour,
+    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk),
     [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
 
 }  // namespace

@@ -194,11 +194,12 @@ TEST(SimDevice, UnmappingAnAliasWhileAnotherAwaitsAccessBreaksTheChunk) {
       expect_device_error([&] { device.map(base + 6 * kGranule, kGranule, broken); }, "cuMemMap");
   EXPECT_EQ(e.result(), 999) << e.what();
   EXPECT_FALSE(device.is_mapped(base + 6 * kGranule));
-  // Other chunks map on; a chunk created again is whole.
+  // Other chunks map on, and the broken one can still be unmapped and released.
   device.map(base + 6 * kGranule, kGranule, device.create_chunk(kGranule));
   device.unmap(base + 5 * kGranule, kGranule);
   device.release_chunk(broken);
   EXPECT_EQ(device.unsafe_alias_unmaps(), 1u);
+  EXPECT_EQ(device.chunk_at(base + 5 * kGranule), 0u);
 }
 
 TEST(SimDevice, RunsOutOfMemoryAtCapacity) {
