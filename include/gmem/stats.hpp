@@ -71,7 +71,8 @@ struct MemoryStats {
   std::int64_t memory_limit = 0;
   // Planned step layouts (Engine::mark_step; docs/engine.md): steps marked, plans made, steps
   // that began on a plan, mallocs placed at their planned offset, steps that left their plan
-  // (a request of another size), planned offsets found taken, the largest plan's extent.
+  // (a request of another size), planned offsets found taken, the largest plan's extent; plans
+  // made in the background, and the microseconds mallocs spent making plans or waiting for one.
   std::int64_t steps_marked = 0;
   std::int64_t plans = 0;
   std::int64_t plan_steps_followed = 0;
@@ -79,6 +80,8 @@ struct MemoryStats {
   std::int64_t plan_mismatches = 0;
   std::int64_t plan_conflicts = 0;
   std::int64_t plan_extent_bytes = 0;
+  std::int64_t plans_ahead = 0;
+  std::int64_t plan_wait_us = 0;
   // Derived (Engine::detailed_stats() only): the largest free virtual range backed by memory
   // that is ready to use.
   std::int64_t largest_free_range = 0;

@@ -44,6 +44,8 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   s.plan_mismatches = static_cast<std::int64_t>(plan.mismatches);
   s.plan_conflicts = static_cast<std::int64_t>(plan.conflicts);
   s.plan_extent_bytes = static_cast<std::int64_t>(plan.extent);
+  s.plans_ahead = static_cast<std::int64_t>(plan.ahead);
+  s.plan_wait_us = static_cast<std::int64_t>(plan.wait_ns / 1000);
   s.free_mapped_bytes = (held - spare - used) * gran;
   s.free_unmapped_bytes = spare * gran;
   s.partial_page_bytes = used * gran - static_cast<std::int64_t>(acc.range_bytes) - slab_bytes;

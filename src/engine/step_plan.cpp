@@ -102,9 +102,13 @@ StepPlanner::Made StepPlanner::make_plan(const std::vector<Recorded>& record) {
 }
 
 void StepPlanner::plan(Shape& shape) {
+  const auto start = std::chrono::steady_clock::now();
   if (!shape.made && !pending_.empty()) collect(&shape);
   stats_.ahead += shape.made.has_value();
   Made made = shape.made ? std::move(*shape.made) : make_plan(shape.record);
+  stats_.wait_ns += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
   shape.plan = std::move(made.plan);
   shape.made.reset();
   shape.record = {};

@@ -92,6 +92,7 @@ class StepPlanner {
     std::uint64_t conflicts = 0;   // planned offsets found taken
     std::uint64_t followed = 0;    // steps that began on a plan
     std::uint64_t ahead = 0;       // plans made in the background (collected, or waited for)
+    std::uint64_t wait_ns = 0;     // spent by mallocs making plans, or waiting for one
     std::size_t extent = 0;        // the largest plan's extent
   };
   const Stats& stats() const { return stats_; }
