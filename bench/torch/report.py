@@ -189,7 +189,8 @@ def train_table(records):
                     "".join("  %-24s" % train_cell(runs.get(a)) for a in allocators)).rstrip())
     for (model, cap), runs in rows.items():  # steps of different shapes: compare the totals
         totals = [(a, runs[a]["total_ms"]) for a in allocators if "total_ms" in runs.get(a, {})]
-        if model == "llama" and not cap and totals:
+        varying = any(r.get("varying_steps") for r in runs.values())
+        if varying and not cap and totals:
             out.append("  %s, the same lengths in the same order, timed steps in total: %s" % (
                 model, ", ".join("%s %.2f s" % (a, ms / 1e3) for a, ms in totals)))
     for r in records:

@@ -87,6 +87,7 @@ def llama_step(torch, warmup, steps):
     warm, timed = models.llama_warm_and_timed(steps)
     step = models.llama_step(torch, len(warm) + steps, lengths=warm + timed)
     step.warmup = len(warm)
+    step.varying = True  # steps of different lengths: the total compares allocators, not the median
     return step
 
 
@@ -134,6 +135,7 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
     try:
         step = STEPS[model](torch, warmup, steps)
         warmup = record["warmup"] = getattr(step, "warmup", warmup)
+        record["varying_steps"] = getattr(step, "varying", False)
         for i in range(warmup + steps):
             if uses_gmem and i == warmup:
                 maps_after_warmup = gmem.memory_stat("gmem.num_maps")
