@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
-#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
