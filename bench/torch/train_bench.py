@@ -129,6 +129,7 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
     times, loss = [], None
     maps_after_warmup = None
     step_maps, maps_before = [], 0
+    step_plans, plans_before = [], 0  # plans taken into use in each step: a shape's first on its plan
     step_waits, waits_before = [], 0  # host waits for the stream in each step (gmem)
     step_reserved = []  # MiB reserved after each step, warm-up included: when does it climb?
     i = None
@@ -149,6 +150,9 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
                 maps_now = gmem.memory_stat("gmem.num_maps")
                 step_maps.append(maps_now - maps_before)
                 maps_before = maps_now
+                plans_now = gmem.memory_stat("gmem.plans")
+                step_plans.append(plans_now - plans_before)
+                plans_before = plans_now
                 waits_now = gmem.memory_stat("num_sync_all_streams")
                 step_waits.append(waits_now - waits_before)
                 waits_before = waits_now
@@ -184,6 +188,7 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
         if maps_after_warmup is not None:
             record["maps_after_warmup"] = stats.get("gmem.num_maps", 0) - maps_after_warmup
         record["step_maps"] = step_maps
+        record["step_plans"] = step_plans
         record["step_waits"] = step_waits
     else:
         record["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries")
