@@ -93,6 +93,13 @@ def llama_step(torch, warmup, steps):
 
 STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step}
 
+# gmem's counters recorded for each step (the increase over it), under the record's keys.
+PER_STEP_STATS = {
+    "step_maps": "gmem.num_maps",           # device maps
+    "step_plans": "gmem.plans",             # plans taken into use: a shape's first step on its plan
+    "step_waits": "num_sync_all_streams",   # host waits for a stream
+}
+
 
 def is_oom(torch, error):
     kinds = tuple(k for k in (getattr(torch, "OutOfMemoryError", None),
@@ -128,9 +135,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
         record["cap_bytes"] = int(cap_bytes)
     times, loss = [], None
     maps_after_warmup = None
-    step_maps, maps_before = [], 0
-    step_plans, plans_before = [], 0  # plans taken into use in each step: a shape's first on its plan
-    step_waits, waits_before = [], 0  # host waits for the stream in each step (gmem)
+    per_step = {key: [] for key in PER_STEP_STATS}  # gmem's counters, step by step
+    before = dict.fromkeys(PER_STEP_STATS, 0)
     step_reserved = []  # MiB reserved after each step, warm-up included: when does it climb?
     i = None
     try:
@@ -146,16 +152,11 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             step_reserved.append(round(torch.cuda.memory_reserved() / 2**20))
-            if uses_gmem:  # device maps in each step, outside the timing: does the layout settle?
-                maps_now = gmem.memory_stat("gmem.num_maps")
-                step_maps.append(maps_now - maps_before)
-                maps_before = maps_now
-                plans_now = gmem.memory_stat("gmem.plans")
-                step_plans.append(plans_now - plans_before)
-                plans_before = plans_now
-                waits_now = gmem.memory_stat("num_sync_all_streams")
-                step_waits.append(waits_now - waits_before)
-                waits_before = waits_now
+            if uses_gmem:  # outside the timing: does the layout settle?
+                for key, stat in PER_STEP_STATS.items():
+                    now = gmem.memory_stat(stat)
+                    per_step[key].append(now - before[key])
+                    before[key] = now
     except Exception as e:  # an OOM is the run's result; anything else fails the run
         if not is_oom(torch, e):
             raise
@@ -187,9 +188,7 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
                       alloc_retries=stats.get("num_alloc_retries"))
         if maps_after_warmup is not None:
             record["maps_after_warmup"] = stats.get("gmem.num_maps", 0) - maps_after_warmup
-        record["step_maps"] = step_maps
-        record["step_plans"] = step_plans
-        record["step_waits"] = step_waits
+        record.update(per_step)
     else:
         record["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries")
     return record

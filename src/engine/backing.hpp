@@ -108,7 +108,7 @@ class ClashRule {
 // not on the device, and its chunk busy through the malloc's reference.
 struct MapJob {
   std::uint32_t arena = 0;
-  DevicePtr base = 0;                // the arena's base
+  DevicePtr base = 0;                // the arena's base: read without the lock
   std::vector<std::uint32_t> pages;  // page indices in the arena, in address order
   std::vector<ChunkHandle> chunks;   // the chunk to map at each
   std::vector<std::uint8_t> undone;  // 1: mapped, then unmapped again when the job failed
