@@ -5,6 +5,10 @@
 //   pair:  malloc + free of one size, repeated (the steady state of a training loop)
 //   churn: `slots` live blocks; each op frees a random slot and refills it with a new size drawn
 //          log-uniformly from [min, max] (fragmentation pressure, cache misses)
+//   trace: a real program's mallocs and frees, in its order and sizes, replayed twice: the first
+//          pass warms the allocator up (its steps' layouts, PyTorch's cached segments), the
+//          second is timed; gmem is told where the trace's training steps end, as gmem.torch
+//          tells it after each optimizer step
 // Results are nanoseconds per pair / per op (one free + one malloc); negative on failure.
 #ifndef GMEM_BENCH_NO_TORCH
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -24,8 +28,10 @@ namespace {
 
 using GmemMalloc = int (*)(void** ptr, std::size_t size, int device, std::uintptr_t stream);
 using GmemFree = int (*)(void* ptr);
+using GmemMarkStep = int (*)(int device);
 GmemMalloc g_gmem_malloc = nullptr;
 GmemFree g_gmem_free = nullptr;
+GmemMarkStep g_gmem_mark_step = nullptr;
 
 enum Backend : int { kTorch = 0, kGmem = 1, kMallocAsync = 2 };
 
@@ -35,6 +41,7 @@ struct Torch {
     return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(n, nullptr);
   }
   void release(void* p) { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+  void mark_step() {}  // PyTorch's allocator has no notion of steps
 };
 #endif
 
@@ -44,6 +51,9 @@ struct Gmem {
     return g_gmem_malloc(&p, n, -1, 0) == 0 ? p : nullptr;
   }
   void release(void* p) { g_gmem_free(p); }
+  void mark_step() {
+    if (g_gmem_mark_step != nullptr) g_gmem_mark_step(-1);
+  }
 };
 
 struct MallocAsync {
@@ -52,6 +62,7 @@ struct MallocAsync {
     return cudaMallocAsync(&p, n, nullptr) == cudaSuccess ? p : nullptr;
   }
   void release(void* p) { cudaFreeAsync(p, nullptr); }
+  void mark_step() {}
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -108,6 +119,38 @@ double churn(A a, int slots, int ops, std::size_t min_size, std::size_t max_size
   return result;
 }
 
+// ops[i] >= 0: malloc sizes[i] bytes into slot ops[i]; ops[i] < 0: free slot -ops[i] - 1. A step
+// ends before op i where marks[i] != 0. Writes ns per op of each pass into `out`; returns the
+// timed (last) pass's, or -1 where a malloc failed.
+template <class A>
+double trace(A a, const int* ops, const std::size_t* sizes, const unsigned char* marks, int n,
+             int slots, int passes, double* out) {
+  std::vector<void*> live(std::size_t(slots), nullptr);
+  double result = -1.0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      if (marks[i]) a.mark_step();
+      if (ops[i] >= 0) {
+        void*& slot = live[std::size_t(ops[i])];
+        slot = a.alloc(sizes[i]);
+        if (slot == nullptr) return -1.0;
+      } else {
+        void*& slot = live[std::size_t(-ops[i] - 1)];
+        if (slot != nullptr) a.release(slot);
+        slot = nullptr;
+      }
+    }
+    cudaDeviceSynchronize();
+    result = out[pass] = seconds_since(start) * 1e9 / n;
+    // What the trace left alive goes, so that the next pass starts where this one did.
+    for (void*& p : live)
+      if (p != nullptr) a.release(p), p = nullptr;
+    cudaDeviceSynchronize();
+  }
+  return result;
+}
+
 template <class F>
 double guarded(F&& f) {
   try {
@@ -135,6 +178,25 @@ double gmem_bench_pair(int backend, std::size_t size, int iterations) {
 #endif
       case kGmem: return g_gmem_malloc ? pair(Gmem{}, size, iterations) : -3.0;
       case kMallocAsync: return pair(MallocAsync{}, size, iterations);
+      default: return -3.0;
+    }
+  });
+}
+
+void gmem_bench_bind_mark_step(void* gmem_mark_step) {
+  g_gmem_mark_step = reinterpret_cast<GmemMarkStep>(gmem_mark_step);
+}
+
+double gmem_bench_trace(int backend, const int* ops, const std::size_t* sizes,
+                        const unsigned char* marks, int n, int slots, int passes, double* out) {
+  return guarded([&] {
+    switch (backend) {
+#ifndef GMEM_BENCH_NO_TORCH
+      case kTorch: return trace(Torch{}, ops, sizes, marks, n, slots, passes, out);
+#endif
+      case kGmem:
+        return g_gmem_malloc ? trace(Gmem{}, ops, sizes, marks, n, slots, passes, out) : -3.0;
+      case kMallocAsync: return trace(MallocAsync{}, ops, sizes, marks, n, slots, passes, out);
       default: return -3.0;
     }
   });

@@ -49,6 +49,21 @@ def load_trace(path):
     return events
 
 
+def trace_rows(path):
+    """load_trace's events with the index of their row among the trace's data rows (the event
+    numbers `gmem replay` reports): (row, (is_alloc, addr, size))."""
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        next(f)
+        for row, line in enumerate(f):
+            action, addr, size = line.split(",", 3)[:3]
+            if action == "alloc":
+                yield row, (1, int(addr), int(size))
+            elif action == "free_completed":
+                yield row, (0, int(addr), int(size))
+
+
 def smallest_cap(replay, events, peak_allocated, peak_reserved, max_iterations):
     """Bisection for the smallest memory cap under which `replay(events, cap)` succeeds, between
     the peak allocated (a lower bound for any allocator) and just above the uncapped peak.

@@ -123,6 +123,12 @@ def table(results):
                            ("churn", "churn 1000 live")):
             out.append("%-18s" % label + "".join("%17s" % fmt(alloc[c].get(key), ".0f")
                                                  for c in columns))
+        # Traces replayed (ns per op, the warmed-up pass): the keys "trace_<name>".
+        traces = sorted({k[len("trace_"):] for c in columns for k in alloc[c]
+                         if k.startswith("trace_") and not k.endswith("_first_pass")})
+        for name in traces:
+            out.append("%-18s" % ("trace " + name)[:18] + "".join(
+                "%17s" % fmt(alloc[c].get("trace_" + name), ".0f") for c in columns))
         for key, label in (("tracking_overhead", "gmem_tracked"), ("pystacks_overhead", "gmem_pystacks")):
             overhead = alloc.get(key)
             if overhead:

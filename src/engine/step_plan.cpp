@@ -82,6 +82,7 @@ void StepPlanner::close_step() {
   ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
   clock_ = 0;
   exact_ = true;
+  too_long_ = false;
 }
 
 StepPlanner::Made StepPlanner::make_plan(const std::vector<Recorded>& record) {
@@ -177,6 +178,15 @@ void StepPlanner::collect(const Shape* wait_for) {
 
 StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   if (closing_) close_step();
+  if (too_long_ || step_.size() >= kMaxStepMallocs) [[unlikely]] {
+    // The step is too long to plan: the rest of it goes online, and no record of it is kept.
+    too_long_ = true;
+    plan_ = nullptr;
+    exact_ = false;
+    std::vector<Recorded>().swap(step_);
+    ordinal_of_.clear();
+    return Ticket{step_number_, kNotRecorded, kOnline};
+  }
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
     if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();
@@ -217,7 +227,7 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
 void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept {
   stats_.hits += planned;
   // A block whose step was marked over meanwhile outlives it: long-lived, not recorded.
-  if (ticket.step != step_number_) return;
+  if (ticket.step != step_number_ || ticket.ordinal == kNotRecorded) return;
   try {
     ordinal_of_[addr] = ticket.ordinal;
   } catch (...) {  // the block is the caller's already: it stays unrecorded (long-lived)

@@ -96,6 +96,12 @@ class StepPlanner {
   };
   const Stats& stats() const { return stats_; }
   std::size_t shapes() const { return shapes_.size(); }  // records and plans held
+  std::size_t recorded() const { return step_.size(); }  // range mallocs of the step recorded
+
+  // The most range mallocs one step records (a Llama step with checkpointing has 3,800). A
+  // program that stops marking (an evaluation loop after training) would otherwise grow the
+  // open step's record with every malloc it makes; a step beyond it is not planned.
+  static constexpr std::size_t kMaxStepMallocs = std::size_t{1} << 17;
 
  private:
   struct Plan {
@@ -107,6 +113,7 @@ class StepPlanner {
     std::uint32_t start, end;  // end: kAlive until freed in the step
   };
   static constexpr std::uint32_t kAlive = ~std::uint32_t{0};
+  static constexpr std::uint32_t kNotRecorded = ~std::uint32_t{0};  // a Ticket's ordinal
 
   bool active_ = false;
   // The step being recorded, and the plan it follows (nullptr: none, or left at a mismatch).
@@ -116,6 +123,7 @@ class StepPlanner {
   std::uint64_t step_number_ = 0;  // steps marked so far
   const Plan* plan_ = nullptr;
   bool exact_ = true;  // the step has followed its plan so far
+  bool too_long_ = false;  // the step made more than kMaxStepMallocs range mallocs
   // Marked, but its record still open (until the next step's first range malloc), and whether
   // it ran its plan exactly (then the plan stays as it is).
   bool closing_ = false;

@@ -370,6 +370,42 @@ TEST(StepPlan, StepsThatNeverRepeatKeepTheRecordsBounded) {
 }
 
 
+TEST(StepPlan, AProgramThatStopsMarkingKeepsTheRecordBounded) {
+  // Marks for a while (training), then none (an evaluation loop): the open step's record stops
+  // at kMaxStepMallocs instead of growing with every malloc, and marking again plans again.
+  detail::StepPlanner planner;
+  const auto run_step = [&](std::size_t first) {
+    for (const std::size_t bytes : {first, 2 * MiB, 3 * MiB}) {
+      const detail::StepPlanner::Ticket t = planner.request(bytes);
+      planner.taken(t, 0x10000000, t.offset != detail::StepPlanner::kOnline);
+      planner.released(0x10000000);
+    }
+    planner.mark_step();
+  };
+  planner.mark_step();
+  for (int round = 0; round < 3; ++round)
+    for (const std::size_t first : {4 * MiB, 5 * MiB}) run_step(first);
+  const std::uint64_t plans = planner.stats().plans;
+  ASSERT_GE(plans, 2u);
+
+  std::size_t most = 0;
+  for (std::size_t i = 0; i < detail::StepPlanner::kMaxStepMallocs + 5000; ++i) {
+    const detail::StepPlanner::Ticket t = planner.request(MiB + 512 * (i % 7));
+    EXPECT_EQ(t.offset, detail::StepPlanner::kOnline);
+    planner.taken(t, 0x20000000, false);
+    planner.released(0x20000000);
+    most = std::max(most, planner.recorded());
+  }
+  EXPECT_LE(most, detail::StepPlanner::kMaxStepMallocs);
+  EXPECT_EQ(planner.recorded(), 0u) << "the overlong step's record is dropped";
+  planner.mark_step();
+
+  for (int round = 0; round < 3; ++round)
+    for (const std::size_t first : {6 * MiB, 7 * MiB}) run_step(first);
+  EXPECT_GE(planner.stats().plans, plans + 2) << "steps marked again are planned again";
+  EXPECT_GT(planner.stats().hits, 0u);
+}
+
 TEST(StepPlan, WarmUpsAreAShapesFirstStepAndTheFirstStepOnANewPlan) {
   // The clash rule does not count a warm-up's clashes (Backing::acquire_chunk): a shape's first
   // step, while shapes recur, and the first step on a plan just made.
