@@ -5,10 +5,10 @@
 //   pair:  malloc + free of one size, repeated (the steady state of a training loop)
 //   churn: `slots` live blocks; each op frees a random slot and refills it with a new size drawn
 //          log-uniformly from [min, max] (fragmentation pressure, cache misses)
-//   trace: a real program's mallocs and frees, in its order and sizes, replayed twice: the first
-//          pass warms the allocator up (its steps' layouts, PyTorch's cached segments), the
-//          second is timed; gmem is told where the trace's training steps end, as gmem.torch
-//          tells it after each optimizer step
+//   trace: a real program's mallocs and frees, in its order and sizes, replayed pass after pass
+//          (each pass frees what the trace left alive): the first warms the allocator up (its
+//          steps' layouts, PyTorch's cached segments), the last is timed; gmem is told where the
+//          trace's training steps end, as gmem.torch tells it after each optimizer step
 // Results are nanoseconds per pair / per op (one free + one malloc); negative on failure.
 #ifndef GMEM_BENCH_NO_TORCH
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -126,6 +126,10 @@ template <class A>
 double trace(A a, const int* ops, const std::size_t* sizes, const unsigned char* marks, int n,
              int slots, int passes, double* out) {
   std::vector<void*> live(std::size_t(slots), nullptr);
+  const auto release_all = [&] {
+    for (void*& p : live)
+      if (p != nullptr) a.release(p), p = nullptr;
+  };
   double result = -1.0;
   for (int pass = 0; pass < passes; ++pass) {
     const auto start = std::chrono::steady_clock::now();
@@ -134,7 +138,10 @@ double trace(A a, const int* ops, const std::size_t* sizes, const unsigned char*
       if (ops[i] >= 0) {
         void*& slot = live[std::size_t(ops[i])];
         slot = a.alloc(sizes[i]);
-        if (slot == nullptr) return -1.0;
+        if (slot == nullptr) {
+          release_all();
+          return -1.0;
+        }
       } else {
         void*& slot = live[std::size_t(-ops[i] - 1)];
         if (slot != nullptr) a.release(slot);
@@ -143,9 +150,7 @@ double trace(A a, const int* ops, const std::size_t* sizes, const unsigned char*
     }
     cudaDeviceSynchronize();
     result = out[pass] = seconds_since(start) * 1e9 / n;
-    // What the trace left alive goes, so that the next pass starts where this one did.
-    for (void*& p : live)
-      if (p != nullptr) a.release(p), p = nullptr;
+    release_all();  // what the trace left alive: the next pass starts where this one did
     cudaDeviceSynchronize();
   }
   return result;
