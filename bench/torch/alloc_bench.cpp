@@ -156,10 +156,19 @@ double trace(A a, const int* ops, const std::size_t* sizes, const unsigned char*
   return result;
 }
 
-template <class F>
-double guarded(F&& f) {
+// `loop(allocator)` with the backend's allocator: -2 where it threw, -3 for a backend not here
+// (PyTorch's, built without torch; gmem's, before gmem_bench_bind).
+template <class Loop>
+double on_backend(int backend, Loop&& loop) {
   try {
-    return f();
+    switch (backend) {
+#ifndef GMEM_BENCH_NO_TORCH
+      case kTorch: return loop(Torch{});
+#endif
+      case kGmem: return g_gmem_malloc ? loop(Gmem{}) : -3.0;
+      case kMallocAsync: return loop(MallocAsync{});
+      default: return -3.0;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "alloc_bench: %s\n", e.what());
     return -2.0;
@@ -176,16 +185,7 @@ void gmem_bench_bind(void* gmem_malloc, void* gmem_free) {
 }
 
 double gmem_bench_pair(int backend, std::size_t size, int iterations) {
-  return guarded([&] {
-    switch (backend) {
-#ifndef GMEM_BENCH_NO_TORCH
-      case kTorch: return pair(Torch{}, size, iterations);
-#endif
-      case kGmem: return g_gmem_malloc ? pair(Gmem{}, size, iterations) : -3.0;
-      case kMallocAsync: return pair(MallocAsync{}, size, iterations);
-      default: return -3.0;
-    }
-  });
+  return on_backend(backend, [&](auto a) { return pair(a, size, iterations); });
 }
 
 void gmem_bench_bind_mark_step(void* gmem_mark_step) {
@@ -194,32 +194,14 @@ void gmem_bench_bind_mark_step(void* gmem_mark_step) {
 
 double gmem_bench_trace(int backend, const int* ops, const std::size_t* sizes,
                         const unsigned char* marks, int n, int slots, int passes, double* out) {
-  return guarded([&] {
-    switch (backend) {
-#ifndef GMEM_BENCH_NO_TORCH
-      case kTorch: return trace(Torch{}, ops, sizes, marks, n, slots, passes, out);
-#endif
-      case kGmem:
-        return g_gmem_malloc ? trace(Gmem{}, ops, sizes, marks, n, slots, passes, out) : -3.0;
-      case kMallocAsync: return trace(MallocAsync{}, ops, sizes, marks, n, slots, passes, out);
-      default: return -3.0;
-    }
-  });
+  return on_backend(backend,
+                    [&](auto a) { return trace(a, ops, sizes, marks, n, slots, passes, out); });
 }
 
 double gmem_bench_churn(int backend, int slots, int ops, std::size_t min_size,
                         std::size_t max_size, unsigned seed) {
-  return guarded([&] {
-    switch (backend) {
-#ifndef GMEM_BENCH_NO_TORCH
-      case kTorch: return churn(Torch{}, slots, ops, min_size, max_size, seed);
-#endif
-      case kGmem:
-        return g_gmem_malloc ? churn(Gmem{}, slots, ops, min_size, max_size, seed) : -3.0;
-      case kMallocAsync: return churn(MallocAsync{}, slots, ops, min_size, max_size, seed);
-      default: return -3.0;
-    }
-  });
+  return on_backend(backend,
+                    [&](auto a) { return churn(a, slots, ops, min_size, max_size, seed); });
 }
 
 }  // extern "C"

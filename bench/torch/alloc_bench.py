@@ -90,7 +90,7 @@ class Trace:
 
     def __init__(self, path, cli):
         self.name = os.path.basename(path).split(".")[0]
-        step_ends = self.step_ends(path, cli)
+        step_ends = self.step_ends(path, self.name, cli)
         ops, sizes, marks = [], [], []
         slot_of, free_slots, slots = {}, [], 0
         ends = iter(step_ends)
@@ -120,13 +120,11 @@ class Trace:
         self.marks = (ctypes.c_ubyte * self.n)(*marks)
 
     @staticmethod
-    def step_ends(path, cli):
+    def step_ends(path, name, cli):
         """The trace events after which an optimizer step ends (none where STEP_AT does not know
         the trace's optimizer frame, or without gmem's CLI)."""
-        if not cli:
-            return []
-        at = STEP_AT.get(os.path.basename(path).split(".")[0])
-        if not at:
+        at = STEP_AT.get(name)
+        if not cli or not at:
             return []
         result = subprocess.run([cli, "replay", "--json", "--steps", "--step-at", at, path],
                                 stdout=subprocess.PIPE,
@@ -220,11 +218,11 @@ def main():
         bench.gmem_bench_bind_mark_step(_lib.address_of("gmem_mark_step"))
 
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    label = {name: name for name in backends}
+    if "torch" in label and "expandable_segments:True" in conf:
+        label["torch"] = "torch_expandable"
     results = {}
     for name in backends:
-        label = name
-        if name == "torch":
-            label = "torch_expandable" if "expandable_segments:True" in conf else "torch"
         row = {}
         for key, size in PAIR_SIZES.items():
             row[key] = round(bench.gmem_bench_pair(BACKENDS[name], size, args.pair_iterations), 1)
@@ -236,16 +234,15 @@ def main():
         elif name == "gmem":
             row["peak_reserved"] = gmem.max_memory_reserved()
             gmem.empty_cache()
-        results[label] = row
-        print("alloc_bench: %s %s" % (label, row), file=sys.stderr, flush=True)
+        results[label[name]] = row
+        print("alloc_bench: %s %s" % (label[name], row), file=sys.stderr, flush=True)
     if gmem is not None:
         results.update(tracking_cost(bench, gmem, args))
         print("alloc_bench: %s" % results["tracking_overhead"], file=sys.stderr, flush=True)
     # Last: once gmem has been told of steps, its planner records every range malloc between marks
     # (the loops above mark none).
     for name in backends:
-        row = results["torch_expandable" if name == "torch" and
-                      "expandable_segments:True" in conf else name]
+        row = results[label[name]]
         for t in traces:
             empty_cache(name, gmem)
             passes = t.run(bench, BACKENDS[name])

@@ -32,26 +32,10 @@ def emit(record, out=None):
             f.write(line + "\n")
 
 
-def load_trace(path):
-    """A trace's block events, in order: (1, addr, size) for alloc, (0, addr, size) for the
-    completed free (see /work/shared/traces/README.md for the columns)."""
-    import gzip
-
-    events = []
-    with gzip.open(path, "rt") as f:
-        next(f)
-        for line in f:
-            action, addr, size = line.split(",", 3)[:3]
-            if action == "alloc":
-                events.append((1, int(addr), int(size)))
-            elif action == "free_completed":
-                events.append((0, int(addr), int(size)))
-    return events
-
-
 def trace_rows(path):
-    """load_trace's events with the index of their row among the trace's data rows (the event
-    numbers `gmem replay` reports): (row, (is_alloc, addr, size))."""
+    """A trace's block events, in order, each with the index of its row among the trace's data
+    rows (the event numbers `gmem replay` reports): (row, (1, addr, size)) for alloc, (row, (0,
+    addr, size)) for the completed free (see /work/shared/traces/README.md for the columns)."""
     import gzip
 
     with gzip.open(path, "rt") as f:
@@ -62,6 +46,11 @@ def trace_rows(path):
                 yield row, (1, int(addr), int(size))
             elif action == "free_completed":
                 yield row, (0, int(addr), int(size))
+
+
+def load_trace(path):
+    """trace_rows' events without their rows, as a list."""
+    return [event for _, event in trace_rows(path)]
 
 
 def smallest_cap(replay, events, peak_allocated, peak_reserved, max_iterations):

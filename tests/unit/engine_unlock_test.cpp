@@ -151,6 +151,13 @@ void* expect_others_go_on_while_held(GatedDevice& device, Engine& engine, Device
   return block;
 }
 
+// The calls of a malloc's slow path made without the lock (each test below holds one of them).
+const auto kUnlockedCalls =
+    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk);
+std::string call_name(const ::testing::TestParamInfo<DeviceCall>& info) {
+  return device_call_name(info.param);
+}
+
 class EngineThreadUnlock : public ::testing::TestWithParam<DeviceCall> {};
 
 TEST_P(EngineThreadUnlock, OthersGoOnWhileAMallocMapsNewPages) {
@@ -163,10 +170,7 @@ TEST_P(EngineThreadUnlock, OthersGoOnWhileAMallocMapsNewPages) {
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Calls, EngineThreadUnlock,
-    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk),
-    [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
+INSTANTIATE_TEST_SUITE_P(Calls, EngineThreadUnlock, kUnlockedCalls, call_name);
 
 // A page whose chunk is busy through another alias is remapped: the clash unmap, and before it
 // the wait for the page's last use on the stream, are made without the lock too.
@@ -260,10 +264,7 @@ TEST_P(EngineThreadUnlockNeighbour, ACallFailingUnlockedIsRolledBackWhileOthersW
   EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Calls, EngineThreadUnlockNeighbour,
-    ::testing::Values(DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk),
-    [](const auto& param_info) { return std::string(device_call_name(param_info.param)); });
+INSTANTIATE_TEST_SUITE_P(Calls, EngineThreadUnlockNeighbour, kUnlockedCalls, call_name);
 
 }  // namespace
 }  // namespace gmem
