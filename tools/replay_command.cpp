@@ -24,7 +24,7 @@ constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
     "usage: gmem replay [--json] [--no-plan] [--steps] [--step-at FRAME] [--capacity BYTES]\n"
-    "       [--lag US]"
+    "       [--lag US] [--page-size BYTES]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -67,6 +67,8 @@ const char kReplayUsage[] =
     "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
     "                    (say the line of optimizer.step(), train.py:42, where gmem.torch marks\n"
     "                    steps), not at the minima of live memory\n"
+    "  --page-size BYTES gmem's page (and chunk) size, a power of two from 2M to 1G (default 2M):\n"
+    "                    larger pages cost fewer device calls and stitch more coarsely\n"
     "  --json            one JSON object per trace, one per line\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
@@ -227,6 +229,9 @@ int replay_command(const Args& args) {
       options.record_steps = true;
     } else if (a == "--lag") {
       options.lag_us = parse_lag(option_value(args, i));
+    } else if (a == "--page-size") {
+      options.engine.page_size = parse_bytes(option_value(args, i));
+      if (options.engine.page_size == 0) throw UsageError("--page-size must be more than 0");
     } else if (a.starts_with("-") && a != "-") {
       throw UsageError("replay: unknown option " + a + " (see gmem help replay)");
     } else {
@@ -252,7 +257,7 @@ int replay_command(const Args& args) {
     const trace::ReplayResult r = trace::replay(t, options);
     const std::uint64_t min_cap = trace::min_capacity(
         t, options.lag_us, std::size_t{2} << 20,
-        options.mark_steps ? options.step_ends : std::vector<std::size_t>{});
+        options.mark_steps ? options.step_ends : std::vector<std::size_t>{}, options.engine);
     if (options.record_steps && !as_json) per_step.emplace_back(r.trace, r.per_step);
     if (as_json) {
       std::printf("%s\n", json_line(r, file, min_cap).c_str());

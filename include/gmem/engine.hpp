@@ -28,6 +28,12 @@ struct EngineOptions {
   // page, is refused (Error(invalid_argument)), here and in set_memory_limit().
   std::size_t memory_limit = 0;
   std::size_t address_space = 0;  // virtual bytes reserved per arena; 0 = the device's total
+  // Bytes per page and per physical chunk; 0 = the device's granularity (2 MiB on NVIDIA GPUs).
+  // A power of two, a multiple of the granularity, at most 1 GiB; anything else is refused
+  // (Error(invalid_argument)). The driver prices each map, set-access and unmap per chunk, not
+  // per byte, so larger pages make every mapping cheaper and stitching coarser (docs/engine.md,
+  // "Page size").
+  std::size_t page_size = 0;
 };
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).

@@ -37,31 +37,36 @@ enum class DeviceCall : int {
 };
 const char* device_call_name(DeviceCall call) noexcept;
 
-// What each device call costs the host, in modelled microseconds. The memory calls are as
-// measured on an H100 for one 2 MiB chunk; a call on a larger range costs its price per granule
-// (size / granularity: cuMemMap of a 6 MiB chunk, 3 x 2 us). The event calls were not measured
-// alone: 1 us for record, create, destroy and synchronize (the call; the wait is counted apart)
-// and 0.5 us for a query are estimates of a driver call that does no memory management. Address
+// What each device call costs the host, in modelled microseconds. The driver prices a memory call
+// per chunk it creates or releases and per mapping it maps, sets access on or unmaps, almost
+// whatever the chunk's size (gpu/chunk_size_calls.cu, H100, driver 580: cuMemSetAccess took
+// 28 us for a 2 MiB chunk and 31 us for a 128 MiB one; one call over 2,048 mappings of 2 MiB
+// took as long as 2,048 calls). So a call costs `us` per unit (a chunk created or released, a
+// map call, each mapping a set-access or unmap covers), as measured for 2 MiB, plus `further_us`
+// for each further granule of those chunks or mappings: cuMemRelease of a 1 GiB chunk 16 + 511 x
+// 0.76 = 404 us (measured 399), cuMemCreate 35 (36). The event calls were not measured alone:
+// 1 us for record, create, destroy and synchronize (the call; the wait is counted apart) and
+// 0.5 us for a query are estimates of a driver call that does no memory management. Address
 // reservations and cuMemGetInfo are made a few times a run and are not priced.
 struct DeviceCallPrice {
   DeviceCall call;
-  double us;         // per call, or per granule when per_granule
-  bool per_granule;  // scales with the size of the range or chunk
+  double us;          // per chunk, map call or mapping covered (one per call for the others)
+  double further_us;  // per granule of those beyond each one's first
 };
 inline constexpr DeviceCallPrice kDeviceCallPrices[] = {
-    {DeviceCall::reserve_address, 0.0, false},    // cuMemAddressReserve: not priced
-    {DeviceCall::release_address, 0.0, false},    // cuMemAddressFree: not priced
-    {DeviceCall::create_chunk, 15.0, true},       // cuMemCreate
-    {DeviceCall::release_chunk, 16.0, true},      // cuMemRelease
-    {DeviceCall::map, 2.0, true},                 // cuMemMap
-    {DeviceCall::unmap, 22.0, true},              // cuMemUnmap
-    {DeviceCall::set_access, 38.0, true},         // cuMemSetAccess
-    {DeviceCall::create_event, 1.0, false},       // cuEventCreate: estimated
-    {DeviceCall::destroy_event, 1.0, false},      // cuEventDestroy: estimated
-    {DeviceCall::record_event, 1.0, false},       // cuEventRecord: estimated
-    {DeviceCall::query_event, 0.5, false},        // cuEventQuery: estimated
-    {DeviceCall::synchronize_event, 1.0, false},  // cuEventSynchronize, the wait apart: estimated
-    {DeviceCall::mem_info, 0.0, false},           // cuMemGetInfo: not priced
+    {DeviceCall::reserve_address, 0.0, 0.0},    // cuMemAddressReserve: not priced
+    {DeviceCall::release_address, 0.0, 0.0},    // cuMemAddressFree: not priced
+    {DeviceCall::create_chunk, 15.0, 0.04},     // cuMemCreate, per chunk
+    {DeviceCall::release_chunk, 16.0, 0.76},    // cuMemRelease, per chunk
+    {DeviceCall::map, 2.0, 0.0},                // cuMemMap, per call (one chunk)
+    {DeviceCall::unmap, 22.0, 0.01},            // cuMemUnmap, per mapping in the range
+    {DeviceCall::set_access, 38.0, 0.04},       // cuMemSetAccess, per mapping in the range
+    {DeviceCall::create_event, 1.0, 0.0},       // cuEventCreate: estimated
+    {DeviceCall::destroy_event, 1.0, 0.0},      // cuEventDestroy: estimated
+    {DeviceCall::record_event, 1.0, 0.0},       // cuEventRecord: estimated
+    {DeviceCall::query_event, 0.5, 0.0},        // cuEventQuery: estimated
+    {DeviceCall::synchronize_event, 1.0, 0.0},  // cuEventSynchronize, the wait apart: estimated
+    {DeviceCall::mem_info, 0.0, 0.0},           // cuMemGetInfo: not priced
 };
 // The table is indexed by DeviceCall: one row per kind, in the enum's order.
 constexpr bool device_call_prices_in_order() {
@@ -147,6 +152,8 @@ class SimulatedDevice final : public Device {
   bool is_mapped(DevicePtr va) const;  // the granule containing va is mapped
   bool is_accessible(DevicePtr va) const;  // mapped and set_access'ed
   ChunkHandle chunk_at(DevicePtr va) const;  // 0 when unmapped
+  // The chunk mapped at `va` and the offset into it that `va` reaches ({0, 0} when unmapped).
+  std::pair<ChunkHandle, std::size_t> physical_at(DevicePtr va) const;
   std::size_t live_events() const;
   // Unmaps of a chunk's mapping while another mapping of it awaited set_access. On an H100 a
   // thread's cuMemUnmap landing between another thread's cuMemMap and cuMemSetAccess of the same
@@ -174,15 +181,17 @@ class SimulatedDevice final : public Device {
     std::uint64_t submitted = 0, completed = 0;  // work items (submit_work, complete_stream)
     double last_completion_us = 0;  // of the latest event recorded on it
   };
-  // Counts, prices (`granules` of a per-granule call), and throws if this call is set to fail.
-  void count(DeviceCall call, double granules = 1.0);
-  double granules_in(std::size_t bytes) const { return static_cast<double>(bytes) * per_granule_; }
+  // Counts, prices (`units` chunks or mappings of `granules` in all), and throws if this call is
+  // set to fail.
+  void count(DeviceCall call, std::size_t units = 1, std::size_t granules = 1);
+  std::size_t granules_in(std::size_t bytes) const { return bytes / options_.granularity; }
+  // Mappings that start in [va, va + size): what cuMemSetAccess and cuMemUnmap are priced by.
+  std::size_t mappings_in(DevicePtr va, std::size_t size) const;
   bool event_complete(const Event& event);
   void check_reserved(DevicePtr va, std::size_t size, const char* call) const;
   void check_granular(std::size_t value, const char* what, const char* call) const;
 
   SimDeviceOptions options_;
-  double per_granule_;  // 1 / granularity, exact: granularity is a power of two
   mutable std::mutex mutex_;
   std::array<std::uint64_t, static_cast<int>(DeviceCall::count_)> calls_{};
   double host_time_us_ = 0;

@@ -117,6 +117,32 @@ SimDeviceOptions sim_options_from_environment() {
   return options;
 }
 
+// GMEM_PAGE_SIZE: EngineOptions::page_size, as bytes or with a K, M or G suffix (8M, 8MiB);
+// unset or empty: 0, the device's granularity. The engine checks the value itself.
+std::size_t page_size_from_environment() {
+  const char* value = std::getenv("GMEM_PAGE_SIZE");
+  if (value == nullptr || *value == '\0') return 0;
+  auto bad = [&] {
+    return Error(Errc::invalid_argument, std::string("GMEM_PAGE_SIZE='") + value +
+                                             "' is not a byte count (e.g. 8M, 8MiB or 8388608)");
+  };
+  if (*value < '0' || *value > '9') throw bad();
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long number = std::strtoull(value, &end, 10);
+  if (errno != 0) throw bad();
+  std::string unit(end);
+  if (unit.ends_with("iB")) unit.resize(unit.size() - 2);
+  else if (unit.size() > 1 && unit.ends_with("B")) unit.pop_back();
+  int shift = 0;
+  if (unit == "K" || unit == "k") shift = 10;
+  else if (unit == "M" || unit == "m") shift = 20;
+  else if (unit == "G" || unit == "g") shift = 30;
+  else if (!unit.empty() && unit != "B") throw bad();
+  if (number > (~0ull >> shift)) throw bad();
+  return static_cast<std::size_t>(number << shift);
+}
+
 class Registry {
  public:
   Registry() : backend_(backend_from_environment()) {}
@@ -132,8 +158,14 @@ class Registry {
     auto context = std::make_unique<DeviceContext>();
     context->index = device;
     Opened opened = open_device(device);
+    opened.options.page_size = page_size_from_environment();
     context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
-    context->engine = std::make_unique<Engine>(*context->device, opened.options);
+    try {
+      context->engine = std::make_unique<Engine>(*context->device, opened.options);
+    } catch (const Error& e) {
+      if (opened.options.page_size == 0) throw;
+      throw Error(e.code(), std::string("GMEM_PAGE_SIZE: ") + e.what());
+    }
     DeviceContext* created = context.release();  // kept for the life of the process
     in_order_.push_back(created);
     if (in_order_.size() == 1) first_.store(created, std::memory_order_release);

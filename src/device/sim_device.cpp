@@ -58,7 +58,6 @@ const char* device_call_name(DeviceCall call) noexcept {
 
 SimulatedDevice::SimulatedDevice(SimDeviceOptions options)
     : options_(std::move(options)),
-      per_granule_(1.0 / static_cast<double>(options_.granularity)),
       lag_us_(options_.lag_us),
       next_address_(kFirstAddress) {
   if (!is_power_of_two(options_.granularity)) {
@@ -79,17 +78,34 @@ SimulatedDevice::SimulatedDevice(SimDeviceOptions options)
 
 SimulatedDevice::~SimulatedDevice() = default;
 
-void SimulatedDevice::count(DeviceCall call, double granules) {
+void SimulatedDevice::count(DeviceCall call, std::size_t units, std::size_t granules) {
   const int i = index_of(call);
   const std::uint64_t number = ++calls_[i];
   const DeviceCallPrice& price = kDeviceCallPrices[i];
-  call_us_ += price.per_granule ? price.us * granules : price.us;
+  units = std::max<std::size_t>(units, 1);  // a call that does nothing costs as one
+  call_us_ += price.us * static_cast<double>(units) +
+              price.further_us * static_cast<double>(granules > units ? granules - units : 0);
   if (failures_[i].at != 0 && failures_[i].at == number) {
     const bool oom = failures_[i].out_of_memory;
     failures_[i] = {};
     if (oom) throw DeviceError::out_of_memory(device_call_name(call), kOutOfMemory, "injected failure");
     throw DeviceError(device_call_name(call), kUnknown, "injected failure");
   }
+}
+
+std::size_t SimulatedDevice::mappings_in(DevicePtr va, std::size_t size) const {
+  const std::size_t granules_in_range = granules_in(size);
+  std::size_t mappings = 0;
+  if (granules_.size() < granules_in_range) {  // a huge (or hostile) range: walk what is mapped
+    for (const auto& [address, granule] : granules_)
+      mappings += address >= va && address - va < size && granule.offset == 0;
+    return mappings;
+  }
+  for (std::size_t g = 0; g < granules_in_range; ++g) {
+    const auto it = granules_.find(va + g * options_.granularity);
+    mappings += it != granules_.end() && it->second.offset == 0;
+  }
+  return mappings;
 }
 
 void SimulatedDevice::check_granular(std::size_t value, const char* what, const char* call) const {
@@ -174,7 +190,7 @@ void SimulatedDevice::release_address(DevicePtr base, std::size_t size) {
 ChunkHandle SimulatedDevice::create_chunk(std::size_t size) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::create_chunk);
-  count(DeviceCall::create_chunk, granules_in(size));
+  count(DeviceCall::create_chunk, 1, granules_in(size));
   if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
   check_granular(size, "size", call);
   const std::size_t available = options_.capacity - options_.used_by_others;
@@ -194,7 +210,7 @@ void SimulatedDevice::release_chunk(ChunkHandle chunk) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::release_chunk);
   auto it = chunks_.find(chunk);
-  count(DeviceCall::release_chunk, it == chunks_.end() ? 1.0 : granules_in(it->second));
+  count(DeviceCall::release_chunk, 1, it == chunks_.end() ? 1 : granules_in(it->second));
   if (it == chunks_.end()) {
     throw DeviceError(call, kInvalidHandle, "unknown chunk " + std::to_string(chunk));
   }
@@ -209,7 +225,7 @@ void SimulatedDevice::release_chunk(ChunkHandle chunk) {
 void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::map);
-  count(DeviceCall::map, granules_in(size));
+  count(DeviceCall::map, 1, granules_in(size));
   auto it = chunks_.find(chunk);
   if (it == chunks_.end()) {
     throw DeviceError(call, kInvalidHandle, "unknown chunk " + std::to_string(chunk));
@@ -243,7 +259,7 @@ void SimulatedDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
 void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::unmap);
-  count(DeviceCall::unmap, granules_in(size));
+  count(DeviceCall::unmap, mappings_in(va, size), granules_in(size));
   if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
   check_granular(va, "address", call);
   check_granular(size, "size", call);
@@ -284,7 +300,7 @@ void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
 void SimulatedDevice::set_access(DevicePtr va, std::size_t size) {
   std::lock_guard lock(mutex_);
   const char* call = device_call_name(DeviceCall::set_access);
-  count(DeviceCall::set_access, granules_in(size));
+  count(DeviceCall::set_access, mappings_in(va, size), granules_in(size));
   if (size == 0) throw DeviceError(call, kInvalidValue, "size 0");
   check_granular(va, "address", call);
   check_granular(size, "size", call);
@@ -483,6 +499,14 @@ ChunkHandle SimulatedDevice::chunk_at(DevicePtr va) const {
   std::lock_guard lock(mutex_);
   auto it = granules_.find(va & ~static_cast<DevicePtr>(options_.granularity - 1));
   return it == granules_.end() ? 0 : it->second.chunk;
+}
+
+std::pair<ChunkHandle, std::size_t> SimulatedDevice::physical_at(DevicePtr va) const {
+  std::lock_guard lock(mutex_);
+  const DevicePtr granule = va & ~static_cast<DevicePtr>(options_.granularity - 1);
+  auto it = granules_.find(granule);
+  if (it == granules_.end()) return {0, 0};
+  return {it->second.chunk, it->second.offset + (va - granule)};
 }
 
 std::uint64_t SimulatedDevice::unsafe_alias_unmaps() const {

@@ -31,12 +31,20 @@ std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1
 }  // namespace
 
 Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
-                 EngineObserver* const& observer, BackingClient& client)
+                 EngineObserver* const& observer, BackingClient& client, std::size_t page_size)
     : device_(device), streams_(streams), accounting_(accounting), observer_(observer),
       client_(client), granularity_(device.granularity()) {
   if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
     throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
                                             std::to_string(granularity_));
+  if (page_size != 0) {
+    if (!std::has_single_bit(page_size) || page_size < granularity_ || page_size > kMaxPageSize)
+      throw Error(Errc::invalid_argument,
+                  "page size " + std::to_string(page_size) + " bytes: must be a power of two from "
+                  "the device's granularity (" + format_bytes(granularity_) + ") to " +
+                  format_bytes(kMaxPageSize));
+    granularity_ = page_size;  // every chunk is one page: created, mapped and unmapped whole
+  }
   page_shift_ = std::countr_zero(granularity_);
   device_total_ = device.mem_info().total;
 }

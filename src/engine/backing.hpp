@@ -148,15 +148,18 @@ struct PageRun {
 
 class Backing {
  public:
-  // Throws Error(invalid_argument) for a device granularity that is not a power of two >= 512.
-  // `observer` is the engine's (read when a page is mapped or unmapped, or on OOM).
+  // Throws Error(invalid_argument) for a device granularity that is not a power of two >= 512,
+  // or a `page_size` (0: the device's granularity) that is not a power-of-two multiple of it up
+  // to kMaxPageSize. `observer` is the engine's (read when a page is mapped or unmapped, or on
+  // OOM).
   Backing(Device& device, Streams& streams, Accounting& accounting,
-          EngineObserver* const& observer, BackingClient& client);
+          EngineObserver* const& observer, BackingClient& client, std::size_t page_size = 0);
+  static constexpr std::size_t kMaxPageSize = std::size_t{1} << 30;
   ~Backing();  // unmaps every page, gives back every address range and chunk
   Backing(const Backing&) = delete;
   Backing& operator=(const Backing&) = delete;
 
-  std::size_t granularity() const { return granularity_; }
+  std::size_t granularity() const { return granularity_; }  // the page size: bytes per chunk
   std::size_t device_total() const { return device_total_; }
   std::size_t limit() const { return limit_; }
   // A limit in bytes as given (0: the device's total), or Error(invalid_argument) for one above

@@ -24,7 +24,7 @@ std::string hex(DevicePtr ptr) {
 
 Engine::Impl::Impl(Device& device, EngineOptions options)
     : device_(device), streams_(device),
-      backing_(device, streams_, accounting_, observer_, *this),
+      backing_(device, streams_, accounting_, observer_, *this, options.page_size),
       cross_stream_(device) {
   backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
   backing_.set_arena_size(options.address_space);

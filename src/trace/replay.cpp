@@ -263,12 +263,15 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
 }
 
 std::size_t min_capacity(const Trace& trace, double lag_us, std::size_t granularity,
-                         const std::vector<std::size_t>& marked_step_ends) {
+                         const std::vector<std::size_t>& marked_step_ends,
+                         const EngineOptions& engine) {
+  granularity = std::max(granularity, engine.page_size);
   const Program program = compile(trace);
   if (program.peak_allocated == 0) return 0;
   auto runs = [&](std::size_t capacity) {
     ReplayOptions options;
     options.capacity = capacity;
+    options.engine = engine;
     options.lag_us = lag_us;
     options.step_ends = marked_step_ends;
     options.mark_steps = !marked_step_ends.empty();
@@ -276,6 +279,7 @@ std::size_t min_capacity(const Trace& trace, double lag_us, std::size_t granular
   };
   // The replay on a device as large as need be bounds the answer from above.
   ReplayOptions roomy;
+  roomy.engine = engine;
   roomy.lag_us = lag_us;
   roomy.step_ends = marked_step_ends;
   roomy.mark_steps = !marked_step_ends.empty();

@@ -117,9 +117,11 @@ void check_trace(const Trace& trace);
 // The smallest device capacity, a multiple of `granularity`, on which the replay has no failed
 // malloc (bisection between peak allocated and what an unlimited replay reserved), with the GPU
 // `lag_us` behind the host (ReplayOptions::lag_us).
-// `marked_step_ends`: step ends to mark (ReplayOptions::mark_steps), none by default.
+// `marked_step_ends`: step ends to mark (ReplayOptions::mark_steps), none by default; `engine`:
+// the engine's options (a page size larger than `granularity` makes that the bisection's step).
 std::size_t min_capacity(const Trace& trace, double lag_us = 0,
                          std::size_t granularity = std::size_t{2} << 20,
-                         const std::vector<std::size_t>& marked_step_ends = {});
+                         const std::vector<std::size_t>& marked_step_ends = {},
+                         const EngineOptions& engine = {});
 
 }  // namespace gmem::trace

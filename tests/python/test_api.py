@@ -358,6 +358,29 @@ class ErrorTest(GmemTestCase):
         self.assertIn("/nonexistent/libgmem.so", result.stderr)
 
 
+class PageSizeTest(unittest.TestCase):
+    """GMEM_PAGE_SIZE (read when a device's engine is made: a child process each)."""
+
+    CHILD = ("import gmem; p = gmem.malloc(3 << 20); "
+             "print(gmem.memory_stat('gmem.granularity'), gmem.memory_reserved()); gmem.free(p)")
+
+    def test_larger_pages_make_larger_chunks(self):
+        for value, page in (("8M", 8 * MiB), ("16MiB", 16 * MiB), (str(4 * MiB), 4 * MiB)):
+            result = run_python(["-c", self.CHILD], GMEM_PAGE_SIZE=value)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            granularity, reserved = map(int, result.stdout.split())
+            self.assertEqual(granularity, page, value)
+            self.assertEqual(reserved, page, value)  # a 3 MiB block: one page
+
+    def test_a_bad_page_size_is_named(self):
+        for value, says in (("3M", "power of two"), ("1M", "power of two"), ("8X", "byte count"),
+                            ("-8M", "byte count"), ("4G", "power of two")):
+            result = run_python(["-c", self.CHILD], GMEM_PAGE_SIZE=value)
+            self.assertNotEqual(result.returncode, 0, value)
+            self.assertIn("GMEM_PAGE_SIZE", result.stderr, value)
+            self.assertIn(says, result.stderr, value)
+
+
 class SummaryTest(GmemTestCase):
     def test_summary_shows_current_numbers(self):
         ptr = self.malloc(3 * MiB)

@@ -28,19 +28,19 @@ int steps_from_env(int fallback) {
 }
 
 // No two live blocks share physical memory: with chunks mapped at several addresses (aliases),
-// disjoint addresses are not enough. Checked through the device's own mapping table.
+// disjoint addresses are not enough. Checked through the device's own mapping table, a granule
+// at a time: (chunk, offset into it) ranges must not overlap.
 void expect_physically_disjoint(const SimulatedDevice& device, const std::vector<Live>& live,
                                 int step) {
-  constexpr std::size_t kGranule = std::size_t{2} << 20;
+  const std::size_t granule = device.granularity();
   std::map<std::pair<ChunkHandle, std::size_t>, std::size_t> used;  // (chunk, offset) -> end
   for (const Live& l : live) {
     const auto begin = reinterpret_cast<std::uintptr_t>(l.ptr);
     for (std::uintptr_t pos = begin; pos < begin + l.size;) {
-      const std::uintptr_t page = pos & ~(kGranule - 1);
-      const std::uintptr_t end = std::min<std::uintptr_t>(begin + l.size, page + kGranule);
-      const ChunkHandle chunk = device.chunk_at(pos);
+      const std::uintptr_t end = std::min<std::uintptr_t>(begin + l.size, (pos | (granule - 1)) + 1);
+      const auto [chunk, from] = device.physical_at(pos);
       ASSERT_NE(chunk, 0u) << "step " << step;
-      const std::size_t from = pos - page, to = end - page;
+      const std::size_t to = from + (end - pos);
       auto next = used.lower_bound({chunk, from});
       ASSERT_TRUE(next == used.end() || next->first.first != chunk || next->first.second >= to)
           << "two live blocks share chunk " << chunk << " at step " << step;
@@ -57,12 +57,13 @@ void expect_physically_disjoint(const SimulatedDevice& device, const std::vector
 
 // lagging: streams finish their work only when the test says so (or the engine waits), as on
 // a GPU that runs behind the host.
-void run_property(std::uint64_t seed, bool lagging, int steps) {
+// page_size: EngineOptions::page_size (0: the device's granularity).
+void run_property(std::uint64_t seed, bool lagging, int steps, std::size_t page_size = 0) {
   SimDeviceOptions o;
   o.capacity = 3 * GiB;
   o.streams_complete_immediately = !lagging;
   SimulatedDevice device(o);
-  Engine engine(device, EngineOptions{.address_space = 6 * GiB});
+  Engine engine(device, EngineOptions{.address_space = 6 * GiB, .page_size = page_size});
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> log_size(0.0, std::log(double(GiB)));
   std::vector<Live> live;
@@ -132,6 +133,11 @@ TEST(EngineProperty, RandomOpsKeepEveryInvariant) { run_property(1, false, steps
 
 TEST(EngineProperty, RandomOpsKeepEveryInvariantWithLaggingStreams) {
   run_property(2, true, steps_from_env(50000));
+}
+
+// Pages of four granules: every chunk is created, mapped and unmapped whole, 8 MiB at a time.
+TEST(EngineProperty, RandomOpsKeepEveryInvariantWithLargerPages) {
+  run_property(3, true, steps_from_env(50000), std::size_t{8} << 20);
 }
 
 }  // namespace

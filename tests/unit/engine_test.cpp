@@ -141,6 +141,56 @@ TEST(Engine, SteadyTrainingLoopMakesNoDeviceCallsAfterTheFirstStep) {
   engine.check_invariants();
 }
 
+// EngineOptions::page_size: pages (and chunks) of several granules. The driver prices a map,
+// set-access or unmap per chunk, so fewer, larger chunks make the same memory cheaper to map.
+TEST(Engine, LargerPagesMapFewerLargerChunks) {
+  const std::vector<std::size_t> step = {64 * MiB, 512, 3 * MiB + 7, 100 * 1024, 33 * MiB, 4096,
+                                         1 * MiB,  9 * MiB, 700 * 1024};
+  auto run = [&](std::size_t page_size) {
+    SimulatedDevice device;
+    Engine engine(device, EngineOptions{.page_size = page_size});
+    EXPECT_EQ(engine.stats().granularity, static_cast<std::int64_t>(page_size ? page_size : 2 * MiB));
+    std::uint64_t after_first = 0;
+    for (int s = 0; s < 4; ++s) {
+      std::vector<void*> live;
+      for (std::size_t size : step) {
+        live.push_back(engine.malloc(size));
+        EXPECT_TRUE(device.is_accessible(reinterpret_cast<std::uintptr_t>(live.back()) + size - 1));
+      }
+      for (void* p : live) engine.free(p);
+      if (s == 0) after_first = mapping_calls(device);
+    }
+    EXPECT_EQ(mapping_calls(device), after_first) << "page size " << page_size;  // converged
+    engine.check_invariants();
+    const MemoryStats s = engine.stats();
+    EXPECT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(device.chunk_bytes()));
+    EXPECT_EQ(device.chunk_bytes() % (page_size ? page_size : 2 * MiB), 0u);
+    return std::pair{device.calls(DeviceCall::create_chunk), device.modelled_call_us()};
+  };
+  const auto [chunks_2, us_2] = run(0);
+  const auto [chunks_16, us_16] = run(16 * MiB);
+  EXPECT_LT(chunks_16 * 4, chunks_2);  // 8x larger chunks: far fewer of them
+  EXPECT_LT(us_16 * 3, us_2);
+}
+
+TEST(Engine, RejectsAPageSizeThatIsNotAPowerOfTwoMultipleOfTheGranularity) {
+  SimulatedDevice device;
+  for (std::size_t bad : {std::size_t{1} << 20, 3 * MiB, 6 * MiB, 2 * GiB}) {
+    try {
+      Engine engine(device, EngineOptions{.page_size = bad});
+      FAIL() << "page size " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("page size " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+  Engine engine(device, EngineOptions{.page_size = 1 * GiB});  // the largest allowed
+  void* p = engine.malloc(100);
+  engine.free(p);
+  engine.check_invariants();
+}
+
 // Large blocks taken again the same way keep their interior pages as one run (backing.hpp):
 // their malloc and free then skip the pass over the pages. Runs must be invisible: the same
 // invariants, no device calls once the loop repeats, and the slow paths (stealing a run's

@@ -500,18 +500,23 @@ TEST(SimDeviceLag, RejectsBadLags) {
 
 TEST(SimDevicePrices, TableHasTheMeasuredPrices) {
   auto price = [](DeviceCall call) { return kDeviceCallPrices[static_cast<int>(call)]; };
-  // cuMem* per 2 MiB chunk as measured on an H100; event calls estimated.
+  // cuMem* per 2 MiB chunk or mapping as measured on an H100, and per further 2 MiB of one
+  // (gpu/chunk_size_calls.cu); event calls estimated.
   EXPECT_EQ(price(DeviceCall::create_chunk).us, 15.0);
   EXPECT_EQ(price(DeviceCall::map).us, 2.0);
   EXPECT_EQ(price(DeviceCall::set_access).us, 38.0);
   EXPECT_EQ(price(DeviceCall::unmap).us, 22.0);
   EXPECT_EQ(price(DeviceCall::release_chunk).us, 16.0);
-  for (DeviceCall call : {DeviceCall::create_chunk, DeviceCall::map, DeviceCall::set_access,
-                          DeviceCall::unmap, DeviceCall::release_chunk})
-    EXPECT_TRUE(price(call).per_granule) << device_call_name(call);
+  EXPECT_EQ(price(DeviceCall::release_chunk).further_us, 0.76);
+  for (DeviceCall call : {DeviceCall::create_chunk, DeviceCall::set_access, DeviceCall::unmap,
+                          DeviceCall::release_chunk}) {
+    // A larger chunk costs more, but far less than as many 2 MiB ones.
+    EXPECT_GT(price(call).further_us, 0.0) << device_call_name(call);
+    EXPECT_LT(price(call).further_us, price(call).us / 10) << device_call_name(call);
+  }
   for (DeviceCall call : {DeviceCall::create_event, DeviceCall::record_event, DeviceCall::destroy_event}) {
     EXPECT_EQ(price(call).us, 1.0) << device_call_name(call);
-    EXPECT_FALSE(price(call).per_granule) << device_call_name(call);
+    EXPECT_EQ(price(call).further_us, 0.0) << device_call_name(call);
   }
   EXPECT_EQ(price(DeviceCall::query_event).us, 0.5);
 }
@@ -526,24 +531,24 @@ TEST(SimDevicePrices, CallsAccumulateTheirPrices) {
   double expected = 0;
   auto expect_total = [&](double added, const char* what) {
     expected += added;
-    EXPECT_EQ(device.modelled_call_us(), expected) << what;
+    EXPECT_DOUBLE_EQ(device.modelled_call_us(), expected) << what;
   };
   const ChunkHandle one = device.create_chunk(kGranule);
   expect_total(15, "cuMemCreate, one granule");
   const ChunkHandle three = device.create_chunk(3 * kGranule);
-  expect_total(3 * 15, "cuMemCreate, three granules");
+  expect_total(15 + 2 * 0.04, "cuMemCreate, three granules: one chunk");
   device.map(base, kGranule, one);
   device.map(base + kGranule, 3 * kGranule, three);
-  expect_total(2 + 3 * 2, "cuMemMap");
-  device.set_access(base, 4 * kGranule);  // across both mappings
-  expect_total(4 * 38, "cuMemSetAccess");
+  expect_total(2 + 2, "cuMemMap, per call");
+  device.set_access(base, 4 * kGranule);  // across both mappings: priced per mapping
+  expect_total(2 * 38 + 2 * 0.04, "cuMemSetAccess");
   EXPECT_THROW(device.map(base, kGranule, one), DeviceError);  // a failed call costs too
   expect_total(2, "failed cuMemMap");
   device.unmap(base, 4 * kGranule);
-  expect_total(4 * 22, "cuMemUnmap");
+  expect_total(2 * 22 + 2 * 0.01, "cuMemUnmap");
   device.release_chunk(three);
   device.release_chunk(one);
-  expect_total(3 * 16 + 16, "cuMemRelease");
+  expect_total(16 + 2 * 0.76 + 16, "cuMemRelease");
 
   const EventHandle event = device.create_event();
   device.record_event(event, 1);
@@ -608,9 +613,10 @@ TEST(SimDeviceThreads, ConcurrentCallsKeepBookkeepingExact) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(device.calls(DeviceCall::map), std::uint64_t{kThreads * kRounds});
-  // Per round: create, map, set access, unmap and release 2 granules; four event calls.
-  const double round_us = 2 * (15 + 2 + 38 + 22 + 16) + (1 + 1 + 0.5 + 1);
-  EXPECT_EQ(device.modelled_call_us(), kThreads * kRounds * round_us);
+  // Per round: create, map, set access, unmap and release one chunk of 2 granules (priced per
+  // chunk and per further granule); four event calls.
+  const double round_us = (15 + 0.04) + 2 + (38 + 0.04) + (22 + 0.01) + (16 + 0.76) + (1 + 1 + 0.5 + 1);
+  EXPECT_NEAR(device.modelled_call_us(), kThreads * kRounds * round_us, 1e-6);
   EXPECT_EQ(device.calls(DeviceCall::release_chunk), std::uint64_t{kThreads * kRounds});
   EXPECT_EQ(device.chunk_bytes(), 0u);
   EXPECT_EQ(device.mapped_bytes(), 0u);
