@@ -3,7 +3,9 @@
  * Every function is thread-safe. Functions returning gmem_status_t never throw; on failure the
  * message is kept per thread and read with gmem_last_error(). One engine per device, created on
  * first use for the current CUDA device, or over a simulated device when the environment says
- * GMEM_DEVICE=sim (tests and machines without a GPU). */
+ * GMEM_DEVICE=sim (tests and machines without a GPU). GMEM_PAGE_SIZE (bytes, or 8M, 8MiB) sets
+ * the engine's page and chunk size (EngineOptions::page_size; default 2 MiB); a bad value fails
+ * the first call with an error naming it. */
 #ifndef GMEM_GMEM_H
 #define GMEM_GMEM_H
 
