@@ -242,6 +242,50 @@ TEST_F(GpuTest, StitchingUnderALimitKeepsLiveData) {
   for (const Block& b : live) engine.free(b.ptr);
 }
 
+// EngineOptions::page_size on the real driver: 8 MiB chunks, created, mapped, aliased and
+// unmapped whole. Blocks of every size keep their bytes, and stitching under a limit maps freed
+// 8 MiB chunks at a second address.
+TEST_F(GpuTest, LargerPagesKeepDataAndStitchWholeChunks) {
+  constexpr std::size_t kPage = 8 * kMiB;
+  {
+    Engine& engine = make_engine(EngineOptions{.page_size = kPage});
+    EXPECT_EQ(engine.stats().granularity, static_cast<std::int64_t>(kPage));
+    std::mt19937 random(7);
+    std::vector<Block> blocks;
+    for (std::uint32_t i = 0; i < 80; ++i) {  // 512 B to 20 MiB: many share a page
+      const std::size_t size = (random() % (20 * kMiB) >> (random() % 12)) + 4 & ~std::size_t{3};
+      blocks.push_back({engine.malloc(size, id(a_)), size, i + 1});
+      fill(blocks.back().ptr, size, blocks.back().seed, a_);
+    }
+    GPU_CHECK(cudaStreamSynchronize(a_));
+    expect_intact(blocks);
+    EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].current % static_cast<std::int64_t>(kPage), 0);
+    engine.check_invariants();
+    for (const Block& b : blocks) engine.free(b.ptr);
+  }
+  Engine& engine = make_engine(EngineOptions{.memory_limit = 16 * kPage, .page_size = kPage});
+  std::vector<Block> blocks;
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    blocks.push_back({engine.malloc(kPage, id(a_)), kPage, i + 1});
+    fill(blocks.back().ptr, kPage, blocks.back().seed, a_);
+  }
+  std::vector<Block> live;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2 == 1) engine.free(blocks[i].ptr);  // 8 holes of one page, none adjacent
+    else live.push_back(blocks[i]);
+  }
+  const int aliases_before = checking_->aliases();
+  void* big = engine.malloc(6 * kPage, id(a_));  // only by mapping freed chunks here too
+  EXPECT_GT(checking_->aliases(), aliases_before);
+  EXPECT_LE(engine.stats().reserved_bytes[kAllPools].current, static_cast<std::int64_t>(16 * kPage));
+  fill(big, 6 * kPage, 4242, a_);
+  live.push_back({big, 6 * kPage, 4242});
+  GPU_CHECK(cudaStreamSynchronize(a_));
+  expect_intact(live);
+  engine.check_invariants();
+  for (const Block& b : live) engine.free(b.ptr);
+}
+
 // A malloc maps, creates and unmaps with the engine's lock released (docs/engine.md): four
 // threads, two to a stream (their blocks share boundary pages), stitch under a limit at once;
 // CheckingDevice sees no address mapped twice, and every block keeps its bytes.
