@@ -24,7 +24,7 @@ constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
     "usage: gmem replay [--json] [--no-plan] [--steps] [--step-at FRAME] [--capacity BYTES]\n"
-    "       [--lag US] [--page-size BYTES]"
+    "       [--lag US] [--page-size BYTES] [--passes N]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -67,6 +67,11 @@ const char kReplayUsage[] =
     "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
     "                    (say the line of optimizer.step(), train.py:42, where gmem.torch marks\n"
     "                    steps), not at the minima of live memory\n"
+    "  --passes N        replay each trace N times in one engine (1 to 1000; default 1), freeing\n"
+    "                    what a pass leaves live before the next, and print each pass's device\n"
+    "                    calls and reserved memory: does a program whose phases come back (a\n"
+    "                    model built again) settle? Late calls are then the last pass's; the\n"
+    "                    smallest capacity is still that of one pass\n"
     "  --page-size BYTES gmem's page (and chunk) size, a power of two from 2M to 1G (default 2M):\n"
     "                    larger pages cost fewer device calls and stitch more coarsely\n"
     "  --json            one JSON object per trace, one per line\n"
@@ -176,10 +181,34 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
           .end_object();
     w.end_array();
   }
+  if (!r.per_pass.empty()) {  // --passes
+    w.key("per_pass").begin_array();
+    for (const trace::PassFigures& p : r.per_pass)
+      w.begin_object()
+          .field("device_calls", p.device_calls)
+          .field("device_us", p.device_us)
+          .field("reserved", p.reserved)
+          .field("peak_reserved", p.peak_reserved)
+          .end_object();
+    w.end_array();
+  }
   w.field("failed", r.failed);
   if (r.failed) w.field("failure", r.failure);
   w.end_object();
   return w.str();
+}
+
+// `--passes`: a line per pass.
+void print_passes(const std::string& trace, const trace::ReplayResult& r) {
+  std::printf("\n%s: %zu passes\n", trace.c_str(), r.per_pass.size());
+  Table table({"pass", "device calls", "device ms", "reserved", "peak reserved / peak allocated"},
+              {true, true, true, true, true});
+  for (std::size_t i = 0; i < r.per_pass.size(); ++i) {
+    const trace::PassFigures& p = r.per_pass[i];
+    table.add({std::to_string(i + 1), std::to_string(p.device_calls), fixed(p.device_us / 1000.0, 2),
+               format_bytes(p.reserved), bytes_with_ratio(p.peak_reserved, r.ratio(p.peak_reserved))});
+  }
+  table.print(stdout);
 }
 
 // `--steps`: a line per step found.
@@ -229,6 +258,13 @@ int replay_command(const Args& args) {
       options.record_steps = true;
     } else if (a == "--lag") {
       options.lag_us = parse_lag(option_value(args, i));
+    } else if (a == "--passes") {
+      const std::string& value = option_value(args, i);
+      std::size_t passes = 0;
+      const auto [stop, ec] = std::from_chars(value.data(), value.data() + value.size(), passes);
+      if (ec != std::errc{} || stop != value.data() + value.size() || passes < 1 || passes > 1000)
+        throw UsageError("--passes takes a count from 1 to 1000, not '" + value + "'");
+      options.passes = passes;
     } else if (a == "--page-size") {
       options.engine.page_size = parse_bytes(option_value(args, i));
       if (options.engine.page_size == 0) throw UsageError("--page-size must be more than 0");
@@ -245,6 +281,7 @@ int replay_command(const Args& args) {
               {false, true, true, true, true, true, true, true, true});
   int status = 0;
   std::vector<std::pair<std::string, std::vector<trace::StepFigures>>> per_step;  // --steps
+  std::vector<trace::ReplayResult> per_pass;  // --passes
   for (const std::string& file : files) {
     const trace::Trace t = read_trace_argument(file, limits);
     if (step_frame.empty()) {
@@ -259,6 +296,7 @@ int replay_command(const Args& args) {
         t, options.lag_us, std::size_t{2} << 20,
         options.mark_steps ? options.step_ends : std::vector<std::size_t>{}, options.engine);
     if (options.record_steps && !as_json) per_step.emplace_back(r.trace, r.per_step);
+    if (options.passes > 1 && !as_json) per_pass.push_back(r);
     if (as_json) {
       std::printf("%s\n", json_line(r, file, min_cap).c_str());
       std::fflush(stdout);
@@ -279,6 +317,7 @@ int replay_command(const Args& args) {
   }
   if (!as_json) table.print(stdout);
   for (const auto& [name, steps] : per_step) print_steps(name, steps);
+  for (const trace::ReplayResult& r : per_pass) print_passes(r.trace, r);
   return status;
 }
 

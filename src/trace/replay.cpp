@@ -143,11 +143,14 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
           : static_cast<std::size_t>(std::partition_point(program.ops.begin(), program.ops.end(),
                                                           [&](const Op& op) { return op.event < options.stop_at_event; }) -
                                      program.ops.begin());
-  const std::size_t half = n / 2;
+  // One pass: the first half and the second are timed apart (late device calls). Repeated
+  // passes: the last pass is the late part.
+  const std::size_t passes = std::max<std::size_t>(options.passes, 1);
+  const std::size_t half = passes > 1 ? 0 : n / 2;
   const std::size_t every = options.check_invariants ? options.check_every : 0;
   std::chrono::nanoseconds engine_time{0};
   DeviceCounts at_half{};
-  std::size_t done = 0;
+  std::size_t done = 0, pass = 0;
   std::size_t next_end = 0;  // into options.step_ends, when marking or recording them
   const std::size_t ends = options.mark_steps || options.record_steps ? options.step_ends.size() : 0;
   DeviceCounts at_step{};
@@ -163,30 +166,57 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
                           static_cast<std::uint64_t>(stats.allocated_bytes[kAllPools].peak)});
     at_step = now;
   };
+  // The slots a pass's first `count` ops leave live (a slot is live when its last op mallocs).
+  auto live_slots = [&](std::size_t count) {
+    std::vector<bool> live(program.slots, false);
+    for (std::size_t i = 0; i < count; ++i) live[program.ops[i].slot] = program.ops[i].malloc;
+    return live;
+  };
   try {
-    while (done < n) {
-      std::size_t end = n;
-      if (done < half) end = half;
-      if (every) end = std::min(end, (done / every + 1) * every);
-      const auto start = std::chrono::steady_clock::now();
-      for (; done < end; ++done) {
-        const Op& op = program.ops[done];
-        // Step ends before this op's event are marked (and recorded) before it (a step end is
-        // an op's event, so the mark comes right after that op).
-        while (next_end < ends && options.step_ends[next_end] < op.event) [[unlikely]]
-          end_step(options.step_ends[next_end++]);
-        // The host clock follows the trace from where it stands: after a modelled wait, the
-        // rest of the trace happens that much later.
-        if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
-        if (op.malloc) {
-          blocks[op.slot] = engine.malloc(op.size, op.stream);
-        } else {
-          engine.free(blocks[op.slot]);
-        }
+    for (; pass < passes; ++pass) {
+      DeviceCounts at_pass = DeviceCounts::of(device);
+      if (pass > 0) {  // free what the last pass left live, then run the trace again
+        const std::vector<bool> live = live_slots(n);
+        for (std::size_t slot = 0; slot < program.slots; ++slot)
+          if (live[slot]) engine.free(blocks[slot]);
+        done = 0;
+        next_end = 0;
       }
-      engine_time += std::chrono::steady_clock::now() - start;
-      if (done == half) at_half = DeviceCounts::of(device);
-      if (every && done % every == 0) engine.check_invariants();
+      if (passes > 1 && pass + 1 == passes) at_half = DeviceCounts::of(device);
+      while (done < n) {
+        std::size_t end = n;
+        if (done < half) end = half;
+        if (every) end = std::min(end, (done / every + 1) * every);
+        const auto start = std::chrono::steady_clock::now();
+        for (; done < end; ++done) {
+          const Op& op = program.ops[done];
+          // Step ends before this op's event are marked (and recorded) before it (a step end is
+          // an op's event, so the mark comes right after that op).
+          while (next_end < ends && options.step_ends[next_end] < op.event) [[unlikely]]
+            end_step(options.step_ends[next_end++]);
+          // The host clock follows the trace from where it stands: after a modelled wait, the
+          // rest of the trace happens that much later.
+          if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
+          if (op.malloc) {
+            blocks[op.slot] = engine.malloc(op.size, op.stream);
+          } else {
+            engine.free(blocks[op.slot]);
+          }
+        }
+        engine_time += std::chrono::steady_clock::now() - start;
+        if (passes == 1 && done == half) at_half = DeviceCounts::of(device);
+        if (every && done % every == 0) engine.check_invariants();
+      }
+      if (done == program.ops.size())  // step ends after the last op
+        while (next_end < ends) end_step(options.step_ends[next_end++]);
+      if (passes > 1) {
+        const DeviceCounts now = DeviceCounts::of(device);
+        const MemoryStats stats = engine.stats();
+        r.per_pass.push_back({now.total() - at_pass.total(),
+                              now.call_us + now.wait_us - at_pass.call_us - at_pass.wait_us,
+                              static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].current),
+                              static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak)});
+      }
     }
   } catch (const Error& error) {
     const Op& op = program.ops[done];
@@ -194,18 +224,13 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
     r.failed = true;
     r.failure = trace.path + ":" + std::to_string(e.line) + ": " +
                 (op.malloc ? "alloc of " + std::to_string(op.size) + " bytes" : std::string("free")) +
-                " failed: " + error.what();
+                " failed: " + error.what() + (passes > 1 ? " (pass " + std::to_string(pass + 1) + ")" : "");
   }
-  if (!r.failed && done == program.ops.size())  // step ends after the last op
-    while (next_end < ends) end_step(options.step_ends[next_end++]);
   if (options.check_invariants) engine.check_invariants();
   if (options.on_stop) {  // which blocks are live, and which trace event allocated each
     std::vector<std::uint32_t> allocated_by(program.slots);
-    std::vector<bool> live(program.slots, false);
-    for (std::size_t i = 0; i < done; ++i) {
-      allocated_by[program.ops[i].slot] = program.ops[i].event;
-      live[program.ops[i].slot] = program.ops[i].malloc;
-    }
+    const std::vector<bool> live = live_slots(done);
+    for (std::size_t i = 0; i < done; ++i) allocated_by[program.ops[i].slot] = program.ops[i].event;
     std::vector<std::pair<std::uint32_t, void*>> live_blocks;
     for (std::size_t slot = 0; slot < program.slots; ++slot)
       if (live[slot]) live_blocks.emplace_back(allocated_by[slot], blocks[slot]);
@@ -218,26 +243,42 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   r.creates = end_counts.creates;
   r.maps = end_counts.maps;
   r.unmaps = end_counts.unmaps;
-  r.late_device_calls = done >= half ? end_counts.total() - at_half.total() : 0;
+  const bool reached_late = passes > 1 ? pass + 1 >= passes : done >= half;  // pass: as far as it got
+  r.late_device_calls = reached_late ? end_counts.total() - at_half.total() : 0;
   r.lag_us = options.lag_us;
   r.device_call_us = end_counts.call_us;
   r.host_wait_us = end_counts.wait_us;
   r.host_clock_us = device.host_time();
-  if (done >= half) {
+  if (reached_late) {
     r.late_device_call_us = end_counts.call_us - at_half.call_us;
     r.late_host_wait_us = end_counts.wait_us - at_half.wait_us;
   }
-  if (done > 0) {  // step ends among the events replayed, and among the second half's
-    const std::size_t last_event = program.ops[done - 1].event;
-    const std::size_t late_from = half < done ? program.ops[half].event : last_event + 1;
+  // Ops, mallocs and step ends replayed: `whole` passes of the first n ops, then `done` ops of
+  // the pass that failed. The late part: the second half of one pass, or the last of several.
+  const std::size_t whole = r.failed ? pass : passes;
+  const std::size_t partial = r.failed ? done : 0;
+  auto count = [&](std::size_t ops, std::size_t& mallocs, std::size_t& steps, std::size_t& late) {
+    for (std::size_t i = 0; i < ops; ++i) mallocs += program.ops[i].malloc;
+    if (ops == 0) return;
+    const std::size_t last_event = program.ops[ops - 1].event;
+    const std::size_t late_from = half < ops ? program.ops[half].event : last_event + 1;
     for (std::size_t end : options.step_ends) {
       if (end > last_event) break;
-      ++r.steps;
-      r.late_steps += end >= late_from;
+      ++steps;
+      late += end >= late_from;
     }
-  }
-  for (std::size_t i = 0; i < done; ++i) (program.ops[i].malloc ? r.mallocs : r.frees)++;
-  r.ns_per_op = done ? static_cast<double>(engine_time.count()) / static_cast<double>(done) : 0.0;
+  };
+  std::size_t pass_mallocs = 0, pass_steps = 0, pass_late = 0;
+  count(n, pass_mallocs, pass_steps, pass_late);
+  std::size_t partial_mallocs = 0, partial_steps = 0, partial_late = 0;
+  count(partial, partial_mallocs, partial_steps, partial_late);
+  r.mallocs = pass_mallocs * whole + partial_mallocs;
+  r.frees = (n - pass_mallocs) * whole + (partial - partial_mallocs);
+  r.steps = pass_steps * whole + partial_steps;
+  if (passes == 1) r.late_steps = r.failed ? partial_late : pass_late;
+  else r.late_steps = r.failed ? (pass + 1 == passes ? partial_steps : 0) : pass_steps;
+  const std::size_t ops_done = n * whole + partial;
+  r.ns_per_op = ops_done ? static_cast<double>(engine_time.count()) / static_cast<double>(ops_done) : 0.0;
   return r;
 }
 

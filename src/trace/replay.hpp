@@ -37,6 +37,10 @@ struct ReplayOptions {
   bool mark_steps = false;
   // Fill ReplayResult::per_step: the figures at each of `step_ends` (does the layout settle?).
   bool record_steps = false;
+  // Runs the whole trace this many times in one engine, freeing what a pass leaves live before
+  // the next: a program whose phases come back (a model built again, a sweep in one process).
+  // With more than one, the "late" figures are the last pass's (ReplayResult::per_pass).
+  std::size_t passes = 1;
   // Called when the replay stops, the engine still holding the live blocks (for summaries), with
   // each live block's engine pointer and the index of the trace event that allocated it.
   std::function<void(const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live)>
@@ -51,6 +55,14 @@ struct StepFigures {
   std::uint64_t reserved = 0;     // gmem's reserved bytes at the step's end
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;  // so far (requested sizes rounded as the engine counts them)
+};
+
+// One pass of a repeated replay (ReplayOptions::passes), before the pass's leftovers are freed.
+struct PassFigures {
+  std::uint64_t device_calls = 0;  // creates + maps + unmaps during the pass
+  double device_us = 0;            // modelled host time in device calls and stream waits
+  std::uint64_t reserved = 0;      // gmem's reserved bytes at the pass's end
+  std::uint64_t peak_reserved = 0; // so far
 };
 
 struct ReplayResult {
@@ -88,6 +100,7 @@ struct ReplayResult {
   std::size_t late_steps = 0;
 
   std::vector<StepFigures> per_step;  // ReplayOptions::record_steps: one per step end replayed
+  std::vector<PassFigures> per_pass;  // ReplayOptions::passes > 1: one per pass replayed
 
   bool failed = false;
   std::string failure;  // the first failure: which event and why

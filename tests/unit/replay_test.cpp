@@ -159,6 +159,35 @@ TEST(Replay, SteadyLoopsStopCallingTheDevice) {
   }
 }
 
+// ReplayOptions::passes: the trace again and again in one engine, each pass's leftovers freed.
+TEST(Replay, PassesRunTheTraceAgainInOneEngine) {
+  const Trace t = read_trace(data_file("resnet50.trace.csv.gz"));
+  ReplayOptions options;
+  options.lag_us = kGpuLagUs;
+  options.step_ends = {t.events.size() / 3, 2 * t.events.size() / 3};
+  options.mark_steps = true;
+  const ReplayResult once = replay(t, options);
+  options.passes = 3;
+  options.check_invariants = true;
+  const ReplayResult thrice = replay(t, options);
+  ASSERT_FALSE(thrice.failed) << thrice.failure;
+  EXPECT_TRUE(once.per_pass.empty());
+  ASSERT_EQ(thrice.per_pass.size(), 3u);
+  EXPECT_EQ(thrice.mallocs, 3 * once.mallocs);
+  EXPECT_EQ(thrice.frees, 3 * once.frees);
+  EXPECT_EQ(thrice.steps, 3 * once.steps);
+  EXPECT_EQ(thrice.late_steps, once.steps);  // the late part is the last pass
+  // The first pass is the single replay, call for call.
+  EXPECT_EQ(thrice.per_pass[0].device_calls, once.creates + once.maps + once.unmaps);
+  EXPECT_EQ(thrice.per_pass[0].peak_reserved, once.peak_reserved);
+  std::uint64_t calls = 0;
+  for (const PassFigures& p : thrice.per_pass) calls += p.device_calls;
+  EXPECT_EQ(calls, thrice.creates + thrice.maps + thrice.unmaps);
+  EXPECT_EQ(thrice.late_device_calls, thrice.per_pass.back().device_calls);
+  EXPECT_EQ(thrice.peak_reserved, thrice.per_pass.back().peak_reserved);
+  EXPECT_GE(thrice.per_pass[2].peak_reserved, thrice.per_pass[1].peak_reserved);
+}
+
 // The steps of a trace between successive markers (allocations from `frame`), kept only where a
 // step frees everything it allocates and nothing else: such steps can be replayed in any order.
 std::vector<std::pair<std::size_t, std::size_t>> self_contained_steps(const Trace& t,
