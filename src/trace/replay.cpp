@@ -174,13 +174,13 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   };
   try {
     for (; pass < passes; ++pass) {
-      DeviceCounts at_pass = DeviceCounts::of(device);
+      const DeviceCounts at_pass = DeviceCounts::of(device);
       if (pass > 0) {  // free what the last pass left live, then run the trace again
         const std::vector<bool> live = live_slots(n);
+        done = 0;  // (before the frees: the error report reads program.ops[done])
+        next_end = 0;
         for (std::size_t slot = 0; slot < program.slots; ++slot)
           if (live[slot]) engine.free(blocks[slot]);
-        done = 0;
-        next_end = 0;
       }
       if (passes > 1 && pass + 1 == passes) at_half = DeviceCounts::of(device);
       while (done < n) {
