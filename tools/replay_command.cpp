@@ -136,6 +136,22 @@ double late_device_ms(const trace::ReplayResult& r) {
   return r.late_steps ? ms / static_cast<double>(r.late_steps) : ms;
 }
 
+// `--steps`' and `--passes`' figures, as an array under `key` (nothing when there are none).
+void write_figures(json::Writer& w, const char* key, const std::vector<trace::StepFigures>& all) {
+  if (all.empty()) return;
+  w.key(key).begin_array();
+  for (const trace::StepFigures& s : all)
+    w.begin_object()
+        .field("event", s.event)
+        .field("device_calls", s.device_calls)
+        .field("device_us", s.device_us)
+        .field("reserved", s.reserved)
+        .field("peak_reserved", s.peak_reserved)
+        .field("peak_allocated", s.peak_allocated)
+        .end_object();
+  w.end_array();
+}
+
 std::string json_line(const trace::ReplayResult& r, const std::string& path, std::uint64_t min_cap) {
   json::Writer w;
   w.begin_object()
@@ -168,30 +184,8 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
       .field("late_steps", r.late_steps);
   if (r.late_steps) w.field("device_ms_per_step", late_device_ms(r));
   else w.field("device_ms_per_step", nullptr);
-  if (!r.per_step.empty()) {  // --steps
-    w.key("per_step").begin_array();
-    for (const trace::StepFigures& s : r.per_step)
-      w.begin_object()
-          .field("event", s.event)
-          .field("device_calls", s.device_calls)
-          .field("device_us", s.device_us)
-          .field("reserved", s.reserved)
-          .field("peak_reserved", s.peak_reserved)
-          .field("peak_allocated", s.peak_allocated)
-          .end_object();
-    w.end_array();
-  }
-  if (!r.per_pass.empty()) {  // --passes
-    w.key("per_pass").begin_array();
-    for (const trace::PassFigures& p : r.per_pass)
-      w.begin_object()
-          .field("device_calls", p.device_calls)
-          .field("device_us", p.device_us)
-          .field("reserved", p.reserved)
-          .field("peak_reserved", p.peak_reserved)
-          .end_object();
-    w.end_array();
-  }
+  write_figures(w, "per_step", r.per_step);  // --steps
+  write_figures(w, "per_pass", r.per_pass);  // --passes
   w.field("failed", r.failed);
   if (r.failed) w.field("failure", r.failure);
   w.end_object();
@@ -204,7 +198,7 @@ void print_passes(const std::string& trace, const trace::ReplayResult& r) {
   Table table({"pass", "device calls", "device ms", "reserved", "peak reserved / peak allocated"},
               {true, true, true, true, true});
   for (std::size_t i = 0; i < r.per_pass.size(); ++i) {
-    const trace::PassFigures& p = r.per_pass[i];
+    const trace::StepFigures& p = r.per_pass[i];
     table.add({std::to_string(i + 1), std::to_string(p.device_calls), fixed(p.device_us / 1000.0, 2),
                format_bytes(p.reserved), bytes_with_ratio(p.peak_reserved, r.ratio(p.peak_reserved))});
   }

@@ -153,18 +153,22 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   std::size_t done = 0, pass = 0;
   std::size_t next_end = 0;  // into options.step_ends, when marking or recording them
   const std::size_t ends = options.mark_steps || options.record_steps ? options.step_ends.size() : 0;
+  // The figures at `event`, device calls and time counted since `from` (which moves on to now).
+  auto figures = [&](std::size_t event, DeviceCounts& from) {
+    const DeviceCounts now = DeviceCounts::of(device);
+    const MemoryStats stats = engine.stats();
+    const StepFigures f{event, now.total() - from.total(),
+                        now.call_us + now.wait_us - from.call_us - from.wait_us,
+                        static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].current),
+                        static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak),
+                        static_cast<std::uint64_t>(stats.allocated_bytes[kAllPools].peak)};
+    from = now;
+    return f;
+  };
   DeviceCounts at_step{};
   auto end_step = [&](std::size_t event) {
     if (options.mark_steps) engine.mark_step();
-    if (!options.record_steps) return;
-    const DeviceCounts now = DeviceCounts::of(device);
-    const MemoryStats stats = engine.stats();
-    r.per_step.push_back({event, now.total() - at_step.total(),
-                          now.call_us + now.wait_us - at_step.call_us - at_step.wait_us,
-                          static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].current),
-                          static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak),
-                          static_cast<std::uint64_t>(stats.allocated_bytes[kAllPools].peak)});
-    at_step = now;
+    if (options.record_steps) r.per_step.push_back(figures(event, at_step));
   };
   // The slots a pass's first `count` ops leave live (a slot is live when its last op mallocs).
   auto live_slots = [&](std::size_t count) {
@@ -174,7 +178,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   };
   try {
     for (; pass < passes; ++pass) {
-      const DeviceCounts at_pass = DeviceCounts::of(device);
+      DeviceCounts at_pass = DeviceCounts::of(device);
       if (pass > 0) {  // free what the last pass left live, then run the trace again
         const std::vector<bool> live = live_slots(n);
         done = 0;  // (before the frees: the error report reads program.ops[done])
@@ -209,14 +213,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
       }
       if (done == program.ops.size())  // step ends after the last op
         while (next_end < ends) end_step(options.step_ends[next_end++]);
-      if (passes > 1) {
-        const DeviceCounts now = DeviceCounts::of(device);
-        const MemoryStats stats = engine.stats();
-        r.per_pass.push_back({now.total() - at_pass.total(),
-                              now.call_us + now.wait_us - at_pass.call_us - at_pass.wait_us,
-                              static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].current),
-                              static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak)});
-      }
+      if (passes > 1) r.per_pass.push_back(figures(n ? program.ops[n - 1].event : 0, at_pass));
     }
   } catch (const Error& error) {
     const Op& op = program.ops[done];

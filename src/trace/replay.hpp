@@ -47,22 +47,16 @@ struct ReplayOptions {
       on_stop;
 };
 
-// The replay at a step end (ReplayOptions::record_steps): what the step did and where it left off.
+// The replay at a step end (ReplayOptions::record_steps), or at a pass's end
+// (ReplayOptions::passes, before the pass's leftovers are freed): what the step or pass did and
+// where it left off.
 struct StepFigures {
-  std::size_t event = 0;          // the trace event the step ended at
-  std::uint64_t device_calls = 0; // creates + maps + unmaps during the step
+  std::size_t event = 0;          // the trace event it ended at
+  std::uint64_t device_calls = 0; // creates + maps + unmaps during the step (or pass)
   double device_us = 0;           // modelled host time in device calls and stream waits
   std::uint64_t reserved = 0;     // gmem's reserved bytes at the step's end
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;  // so far (requested sizes rounded as the engine counts them)
-};
-
-// One pass of a repeated replay (ReplayOptions::passes), before the pass's leftovers are freed.
-struct PassFigures {
-  std::uint64_t device_calls = 0;  // creates + maps + unmaps during the pass
-  double device_us = 0;            // modelled host time in device calls and stream waits
-  std::uint64_t reserved = 0;      // gmem's reserved bytes at the pass's end
-  std::uint64_t peak_reserved = 0; // so far
 };
 
 struct ReplayResult {
@@ -100,7 +94,7 @@ struct ReplayResult {
   std::size_t late_steps = 0;
 
   std::vector<StepFigures> per_step;  // ReplayOptions::record_steps: one per step end replayed
-  std::vector<PassFigures> per_pass;  // ReplayOptions::passes > 1: one per pass replayed
+  std::vector<StepFigures> per_pass;  // ReplayOptions::passes > 1: one per pass replayed
 
   bool failed = false;
   std::string failure;  // the first failure: which event and why

@@ -181,7 +181,7 @@ TEST(Replay, PassesRunTheTraceAgainInOneEngine) {
   EXPECT_EQ(thrice.per_pass[0].device_calls, once.creates + once.maps + once.unmaps);
   EXPECT_EQ(thrice.per_pass[0].peak_reserved, once.peak_reserved);
   std::uint64_t calls = 0;
-  for (const PassFigures& p : thrice.per_pass) calls += p.device_calls;
+  for (const StepFigures& p : thrice.per_pass) calls += p.device_calls;
   EXPECT_EQ(calls, thrice.creates + thrice.maps + thrice.unmaps);
   EXPECT_EQ(thrice.late_device_calls, thrice.per_pass.back().device_calls);
   EXPECT_EQ(thrice.peak_reserved, thrice.per_pass.back().peak_reserved);
