@@ -178,15 +178,15 @@ void StepPlanner::collect(const Shape* wait_for) {
 
 StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   if (closing_) close_step();
-  if (too_long_ || step_.size() >= kMaxStepMallocs) [[unlikely]] {
-    // The step is too long to plan: the rest of it goes online, and no record of it is kept.
+  if (!too_long_ && step_.size() >= kMaxStepMallocs) [[unlikely]] {
+    // The step is too long to plan: the rest of it goes online, and its record is dropped.
     too_long_ = true;
     plan_ = nullptr;
     exact_ = false;
     std::vector<Recorded>().swap(step_);
     ordinal_of_.clear();
-    return Ticket{step_number_, kNotRecorded, kOnline};
   }
+  if (too_long_) [[unlikely]] return Ticket{step_number_, kNotRecorded, kOnline};
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
   if (ordinal == 0) {
     if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();
