@@ -9,10 +9,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build-gpu/llama-reps}
 mkdir -p "$OUT"
-args=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DGMEM_WITH_CUDA=ON -DGMEM_BUILD_BENCH=OFF -DGMEM_BUILD_TESTS=OFF)
-[ -f build-gpu/CMakeCache.txt ] || args+=(-G Ninja)
-cmake "${args[@]}" >/dev/null && cmake --build build-gpu -j16 --target gmem_shared >/dev/null || { echo BUILD FAILED; exit 1; }
-export GMEM_LIBRARY=$PWD/build-gpu/libgmem.so PYTHONPATH=$PWD/python
+source bench/torch/build_gpu.sh
 run() {  # allocator, GMEM_PLAN_STEPS
   GMEM_PLAN_STEPS=$2 python3 bench/torch/train_bench.py --model llama --allocator "$1" --steps 60 \
     --out "$OUT/reps.jsonl" >/dev/null 2>&1 || echo "FAILED $1 (GMEM_PLAN_STEPS=$2)"

@@ -7,23 +7,12 @@
 set -u
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}/page_size_llama.jsonl
-args=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DGMEM_WITH_CUDA=ON -DGMEM_BUILD_BENCH=OFF -DGMEM_BUILD_TESTS=OFF)
-[ -f build-gpu/CMakeCache.txt ] || args+=(-G Ninja)
-cmake "${args[@]}" >/dev/null && cmake --build build-gpu -j16 --target gmem_shared >/dev/null || { echo BUILD FAILED; exit 1; }
-export GMEM_LIBRARY=$PWD/build-gpu/libgmem.so PYTHONPATH=$PWD/python
+source bench/torch/build_gpu.sh
 unset PYTORCH_CUDA_ALLOC_CONF GMEM_DEVICE
 for round in $(seq "${ROUNDS:-2}"); do
   python3 bench/torch/train_bench.py --model llama --allocator native --steps "${STEPS:-10}" --out "$out" >/dev/null || echo "FAILED native"
   for size in ${SIZES:-2M 4M 8M}; do
     GMEM_PAGE_SIZE=$size python3 bench/torch/train_bench.py --model llama --allocator gmem --steps "${STEPS:-10}" --out "$out" >/dev/null || echo "FAILED gmem $size"
-    # train_bench's record does not carry the environment: tag the line just written
-    python3 - "$out" "$size" <<'PY'
-import json, sys
-lines = open(sys.argv[1]).read().splitlines()
-record = json.loads(lines[-1]); record["page_size"] = sys.argv[2]
-lines[-1] = json.dumps(record)
-open(sys.argv[1], "w").write("\n".join(lines) + "\n")
-PY
   done
 done
 python3 - "$out" <<'PY'
@@ -31,7 +20,8 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     steps = r.get("step_ms") or []
-    print(f"{r['allocator']:7} {r.get('page_size', ''):4} total {r.get('total_ms', 0):7.0f} ms  slowest {max(steps) if steps else 0:6.0f} ms  "
+    page = f"{r['page_size'] >> 20}M" if r.get("page_size") else ""  # train_bench: gmem's page
+    print(f"{r['allocator']:7} {page:4} total {r.get('total_ms', 0):7.0f} ms  slowest {max(steps) if steps else 0:6.0f} ms  "
           f"reserved/allocated {r.get('reserved_ratio')}  maps after warm-up {r.get('maps_after_warmup')}")
     print("   steps", steps)
 PY

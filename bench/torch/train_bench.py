@@ -181,6 +181,7 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
 
         stats = gmem.memory_stats()
         record.update(maps=stats.get("gmem.num_maps"), stitches=stats.get("gmem.num_stitches"),
+                      page_size=stats.get("gmem.granularity"),  # GMEM_PAGE_SIZE, or 2 MiB
                       stream_waits=stats.get("num_sync_all_streams"),
                       plan={k[len("gmem."):]: v for k, v in stats.items()
                             if k.startswith(("gmem.plan", "gmem.steps_marked"))},
