@@ -253,12 +253,8 @@ int replay_command(const Args& args) {
     } else if (a == "--lag") {
       options.lag_us = parse_lag(option_value(args, i));
     } else if (a == "--passes") {
-      const std::string& value = option_value(args, i);
-      std::size_t passes = 0;
-      const auto [stop, ec] = std::from_chars(value.data(), value.data() + value.size(), passes);
-      if (ec != std::errc{} || stop != value.data() + value.size() || passes < 1 || passes > 1000)
-        throw UsageError("--passes takes a count from 1 to 1000, not '" + value + "'");
-      options.passes = passes;
+      options.passes = parse_count(a, option_value(args, i));
+      if (options.passes > 1000) throw UsageError("--passes takes a count from 1 to 1000, not " + std::to_string(options.passes));
     } else if (a == "--page-size") {
       options.engine.page_size = parse_bytes(option_value(args, i));
       if (options.engine.page_size == 0) throw UsageError("--page-size must be more than 0");

@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_count.hpp"
 #include "gmem/error.hpp"
 #include "gmem/sim_device.hpp"
 #ifdef GMEM_HAVE_CUDA
@@ -117,30 +119,16 @@ SimDeviceOptions sim_options_from_environment() {
   return options;
 }
 
-// GMEM_PAGE_SIZE: EngineOptions::page_size, as bytes or with a K, M or G suffix (8M, 8MiB);
-// unset or empty: 0, the device's granularity. The engine checks the value itself.
+// GMEM_PAGE_SIZE: EngineOptions::page_size, a byte count (8M, 8MiB, 8388608); unset or empty: 0,
+// the device's granularity. The engine checks the value itself.
 std::size_t page_size_from_environment() {
   const char* value = std::getenv("GMEM_PAGE_SIZE");
   if (value == nullptr || *value == '\0') return 0;
-  auto bad = [&] {
-    return Error(Errc::invalid_argument, std::string("GMEM_PAGE_SIZE='") + value +
-                                             "' is not a byte count (e.g. 8M, 8MiB or 8388608)");
-  };
-  if (*value < '0' || *value > '9') throw bad();
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long number = std::strtoull(value, &end, 10);
-  if (errno != 0) throw bad();
-  std::string unit(end);
-  if (unit.ends_with("iB")) unit.resize(unit.size() - 2);
-  else if (unit.size() > 1 && unit.ends_with("B")) unit.pop_back();
-  int shift = 0;
-  if (unit == "K" || unit == "k") shift = 10;
-  else if (unit == "M" || unit == "m") shift = 20;
-  else if (unit == "G" || unit == "g") shift = 30;
-  else if (!unit.empty() && unit != "B") throw bad();
-  if (number > (~0ull >> shift)) throw bad();
-  return static_cast<std::size_t>(number << shift);
+  const auto bytes = parse_byte_count(value);
+  if (!bytes || *bytes > SIZE_MAX)
+    throw Error(Errc::invalid_argument, std::string("GMEM_PAGE_SIZE='") + value +
+                                            "' is not a byte count (e.g. 8M, 8MiB or 8388608)");
+  return static_cast<std::size_t>(*bytes);
 }
 
 class Registry {
