@@ -15,8 +15,9 @@ again, untraced, with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. One JSON
 clock time in a 20 ms pause after the step, where no event happens). `trim` keeps a trace's
 events before such a time (whole steps) and `stats` recomputes a trace's peaks; neither needs torch.
 
-Programs (models.py): llama_ckpt_varlen, fasterrcnn_varsize, gpt2_generate, llama_rounds (train_bench's
-Llama schedule for 60 timed steps: 24 lengths taking turns; not run unless named).
+Programs (models.py): llama_ckpt_varlen, fasterrcnn_varsize, gpt2_generate, gpt2_train_eval and
+resnet50_train_eval (four rounds of three training steps and an evaluation), llama_rounds
+(train_bench's Llama schedule for 60 timed steps: 24 lengths taking turns; not run unless named).
 """
 
 import argparse
@@ -39,6 +40,8 @@ PROGRAMS = {
     "fasterrcnn_varsize": ("fasterrcnn_step", 14),
     "gpt2_generate": ("gpt2_generate_step", 2),
     "llama_rounds": ("llama_rounds_step", 84),
+    "gpt2_train_eval": ("gpt2_train_eval_step", 16),
+    "resnet50_train_eval": ("resnet50_train_eval_step", 16),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

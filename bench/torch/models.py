@@ -17,6 +17,11 @@ The step closure holds the model and optimizer: dropping it frees them.
 - gpt2_generate: transformers GPT-2 124M (random init) generate() with its KV cache, greedy, under
   torch.no_grad: a round of prompts of varying lengths (left padded) per step, batch and new tokens
   varying between rounds.
+- gpt2_train_eval, resnet50_train_eval: training with an evaluation every few steps, the loop most
+  programs run: three training steps, then an evaluation step (two batches of another shape under
+  torch.no_grad in eval mode), and again; the two phases take turns over the same model.
+  GPT-2 124M trains on batch 4 x 512 tokens (bf16 autocast, AdamW) and evaluates on 8 x 384;
+  ResNet-50 trains on 32 images of 224 px (SGD) and evaluates on 64.
 """
 
 import math
@@ -247,3 +252,74 @@ def gpt2_generate_step(torch, steps, seed=0):
 
     step.shapes = ["batch %d prompts %d..%d +%d" % (len(l), min(l), max(l), n) for l, n in plan]
     return step
+
+
+# Training with an evaluation every TRAIN_EVAL_PERIOD steps: step i evaluates when
+# i % TRAIN_EVAL_PERIOD == TRAIN_EVAL_PERIOD - 1, and trains otherwise.
+TRAIN_EVAL_PERIOD = 4
+
+
+def _train_eval(torch, model, optimizer, steps, train_batch, eval_batch, loss_of):
+    """step(i) for a loop that trains and evaluates in turn; `train_batch(i)` and `eval_batch(i)`
+    make an input on the GPU, `loss_of(batch)` runs the model on it."""
+
+    def step(i):
+        if i % TRAIN_EVAL_PERIOD == TRAIN_EVAL_PERIOD - 1:
+            model.eval()
+            total = 0.0
+            with torch.no_grad():
+                for k in range(2):
+                    total += loss_of(eval_batch(2 * i + k)).item()
+            model.train()
+            return total / 2
+        loss = loss_of(train_batch(i))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["eval" if i % TRAIN_EVAL_PERIOD == TRAIN_EVAL_PERIOD - 1 else "train"
+                   for i in range(steps)]
+    return step
+
+
+def gpt2_train_eval_step(torch, steps, seed=0):
+    """GPT-2 124M (transformers, random init): train on 4 x 512 tokens, evaluate on 8 x 384."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.Generator(device="cuda")
+    data.manual_seed(seed + 1)
+
+    def tokens(batch, length):
+        return torch.randint(0, config.vocab_size, (batch, length), device="cuda", generator=data)
+
+    def loss_of(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(input_ids=ids, labels=ids).loss
+
+    return _train_eval(torch, model, optimizer, steps, lambda i: tokens(4, 512),
+                       lambda i: tokens(8, 384), loss_of)
+
+
+def resnet50_train_eval_step(torch, steps, seed=0):
+    """torchvision ResNet-50 (random init): train on 32 images of 224 px, evaluate on 64."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.resnet50().cuda().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def images(batch):
+        return (torch.randn(batch, 3, 224, 224, device="cuda"),
+                torch.randint(0, 1000, (batch,), device="cuda"))
+
+    def loss_of(batch):
+        x, labels = batch
+        return torch.nn.functional.cross_entropy(model(x), labels)
+
+    return _train_eval(torch, model, optimizer, steps, lambda i: images(32),
+                       lambda i: images(64), loss_of)

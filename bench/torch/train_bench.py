@@ -13,7 +13,8 @@ ResNet-50 (torchvision, batch 64 at 224x224, SGD, fp32): the programs of tests/d
 (models.py: a 374M-parameter Llama-style decoder, activation checkpointing per layer, batch 8 with
 a sequence length drawn per step from 512..2048, the same lengths for every allocator, bf16
 autocast, AdamW), the program of llama_ckpt_varlen.trace.csv.gz; its warm-up runs each distinct
-length of its timed steps once (see llama_step).
+length of its timed steps once (see llama_step). gpt2_train_eval and resnet50_train_eval
+(models.py; only when named): three training steps and an evaluation, taking turns.
 Allocators: native (PyTorch's caching allocator), expandable (the same with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and gmem (gmem.torch.enable()).
 
@@ -35,7 +36,8 @@ import time
 
 from common import HERE, PYTHON_DIR, emit
 
-MODELS = ("gpt2", "resnet50", "llama")
+MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval")
+DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmem")
 
@@ -91,7 +93,24 @@ def llama_step(torch, warmup, steps):
     return step
 
 
-STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step}
+def train_eval_step(name):
+    """models.py's <name>_step: three training steps and an evaluation, taking turns (not in
+    --all by default)."""
+
+    def make(torch, warmup, steps):
+        sys.path.insert(0, HERE)
+        import models
+
+        step = getattr(models, name + "_step")(torch, warmup + steps)
+        step.varying = True  # evaluation steps among the training steps: compare totals
+        return step
+
+    return make
+
+
+STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
+         "gpt2_train_eval": train_eval_step("gpt2_train_eval"),
+         "resnet50_train_eval": train_eval_step("resnet50_train_eval")}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {
@@ -265,7 +284,7 @@ def main():
     parser.add_argument("--all", action="store_true", help="every model x allocator, one process each")
     parser.add_argument("--model", choices=MODELS)
     parser.add_argument("--allocator", choices=ALLOCATORS)
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
     parser.add_argument("--cap-ratio", type=float,
                         help="also run under a cap of this times the native peak allocated")

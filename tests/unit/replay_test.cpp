@@ -52,6 +52,9 @@ constexpr Native kTraces[] = {
     {"llama_ckpt_varlen.trace.csv.gz", 10.921, 13.682, false, 0.01},
     {"fasterrcnn_varsize.trace.csv.gz", 15.326, 19.971},
     {"gpt2_generate.trace.csv.gz", 1.288, 1.803, false, 0.01, 1.011},
+    // Training with an evaluation every fourth step (2026-11-24; bench/torch/train_eval.sh).
+    {"gpt2_train_eval.trace.csv.gz", 4.454, 6.053, false, 0.01},
+    {"resnet50_train_eval.trace.csv.gz", 2.867, 4.236, false, 0.01},
 };
 
 // Replays model a GPU that runs this far behind the host (gmem replay's default).
@@ -319,6 +322,43 @@ TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsSettleAtPeak) {
   EXPECT_EQ(calls, marked.creates + marked.maps + marked.unmaps);
   EXPECT_EQ(marked.per_step.back().peak_reserved, marked.peak_reserved);
   EXPECT_EQ(marked.per_step[0].event, options.step_ends[0]);
+}
+
+TEST(Replay, TrainingWithEvaluationSettles) {
+  // The loop most programs run (bench/torch/train_eval.sh, captured on the H100): three training
+  // steps, then an evaluation on another batch size under no_grad, and again, four rounds. The
+  // two phases take turns over the same pages. Marked where gmem.torch marks steps (after
+  // optimizer.step(): just before the frees of zero_grad(), models.py:278, since only the first
+  // optimizer step allocates; the evaluation then belongs to the step after it), the second half
+  // makes no device call; unmarked (a program that never marks steps) its phases clash for a
+  // round or two longer (resnet50_train_eval: 17 device calls in the second half), and the last
+  // quarter makes none.
+  for (const char* file : {"gpt2_train_eval.trace.csv.gz", "resnet50_train_eval.trace.csv.gz"}) {
+    const Trace t = read_trace(data_file(file));
+    ReplayOptions options;
+    options.lag_us = kGpuLagUs;
+    const auto zero_grad = [&](std::size_t i) {
+      return t.frames[t.events[i].user_frame].find("models.py:278") != std::string::npos;
+    };
+    for (std::size_t i = 1; i < t.events.size(); ++i) {
+      if (zero_grad(i) && !zero_grad(i - 1)) options.step_ends.push_back(i - 1);
+    }
+    ASSERT_EQ(options.step_ends.size(), 12u) << file;
+    options.record_steps = true;
+    options.mark_steps = true;
+    const ReplayResult marked = replay(t, options);
+    ASSERT_FALSE(marked.failed) << marked.failure;
+    EXPECT_EQ(marked.late_device_calls, 0u) << file;
+    EXPECT_EQ(marked.late_host_wait_us, 0.0) << file;
+    EXPECT_LE(marked.reserved_ratio(), 1.02) << file;
+    options.mark_steps = false;
+    const ReplayResult unmarked = replay(t, options);
+    ASSERT_FALSE(unmarked.failed) << unmarked.failure;
+    std::uint64_t last_quarter = 0;
+    for (std::size_t i = 9; i < 12; ++i) last_quarter += unmarked.per_step[i].device_calls;
+    EXPECT_EQ(last_quarter, 0u) << file;
+    EXPECT_LE(unmarked.reserved_ratio(), 1.02) << file;
+  }
 }
 
 TEST(Replay, StepEndsAfterAFrame) {
