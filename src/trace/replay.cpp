@@ -306,21 +306,18 @@ std::size_t min_capacity(const Trace& trace, double lag_us, std::size_t granular
   granularity = std::max(granularity, engine.page_size);
   const Program program = compile(trace);
   if (program.peak_allocated == 0) return 0;
-  auto runs = [&](std::size_t capacity) {
-    ReplayOptions options;
-    options.capacity = capacity;
-    options.engine = engine;
-    options.lag_us = lag_us;
-    options.step_ends = marked_step_ends;
-    options.mark_steps = !marked_step_ends.empty();
-    return !run(trace, program, options).failed;
-  };
-  // The replay on a device as large as need be bounds the answer from above.
+  // Every replay of the bisection runs as this one does, on a device of its own capacity.
   ReplayOptions roomy;
   roomy.engine = engine;
   roomy.lag_us = lag_us;
   roomy.step_ends = marked_step_ends;
   roomy.mark_steps = !marked_step_ends.empty();
+  auto runs = [&](std::size_t capacity) {
+    ReplayOptions options = roomy;
+    options.capacity = capacity;
+    return !run(trace, program, options).failed;
+  };
+  // The replay on a device as large as need be bounds the answer from above.
   roomy.capacity = std::max<std::size_t>(roomy.capacity, round_up(4 * program.peak_allocated, granularity));
   const ReplayResult unlimited = run(trace, program, roomy);
   if (unlimited.failed) return 0;
