@@ -42,6 +42,12 @@ PROGRAMS = {
     "llama_rounds": ("llama_rounds_step", 84),
     "gpt2_train_eval": ("gpt2_train_eval_step", 16),
     "resnet50_train_eval": ("resnet50_train_eval_step", 16),
+    # held-out (models.py): checks, not tuned on
+    "vit": ("vit_step", 12),
+    "bert_varlen": ("bert_varlen_step", 24),
+    "t5_varlen": ("t5_varlen_step", 24),
+    "gpt2_accum": ("gpt2_accum_step", 8),
+    "bert_serve": ("bert_serve_step", 12),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

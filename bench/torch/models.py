@@ -323,3 +323,140 @@ def resnet50_train_eval_step(torch, steps, seed=0):
 
     return _train_eval(torch, model, optimizer, steps, lambda i: images(32),
                        lambda i: images(64), loss_of)
+
+
+# --- held-out workloads --------------------------------------------------------------------------
+# Programs whose traces gmem's policy was never tuned on: captured to check that what holds on the
+# traces in tests/data holds elsewhere (bench/torch/heldout.sh; docs/engine.md, "Held-out traces").
+
+
+def vit_step(torch, steps, seed=0, batch=64):
+    """torchvision ViT-B/16 (random init) training on 224 px images, bf16 autocast, AdamW: one
+    shape every step."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.vit_b_16().cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["batch %d" % batch] * steps
+    return step
+
+
+def bert_lengths(count, seed=0):
+    """bert_varlen's padded length of each step: the same list for every allocator."""
+    rng = random.Random(seed)
+    return [rng.randrange(64, 513, 32) for _ in range(count)]
+
+
+def bert_varlen_step(torch, steps, seed=0, batch=16, lengths=None):
+    """transformers BERT-base masked LM (random init) with dynamic padding: step i's batch is
+    padded to `lengths[i]`, by default bert_lengths(steps, seed)[i] (64..512, multiples of 32),
+    bf16 autocast, AdamW."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = BertConfig()
+    model = BertForMaskedLM(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = list(lengths) if lengths is not None else bert_lengths(steps, seed)
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
+        labels = torch.where(torch.rand(ids.shape, device="cuda") < 0.15, ids, -100)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["seq %d" % t for t in lengths]
+    return step
+
+
+def t5_varlen_step(torch, steps, seed=0, batch=16):
+    """transformers T5 (t5-small's shape, random init) encoder-decoder training: source length
+    drawn from 128..512 and target from 32..128 each step, bf16 autocast, AdamW."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = T5Config(decoder_start_token_id=0, pad_token_id=0)
+    model = T5ForConditionalGeneration(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    plan = [(rng.randrange(128, 513, 64), rng.randrange(32, 129, 32)) for _ in range(steps)]
+
+    def step(i):
+        source, target = plan[i]
+        ids = torch.randint(0, config.vocab_size, (batch, source), device="cuda")
+        labels = torch.randint(0, config.vocab_size, (batch, target), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["source %d target %d" % p for p in plan]
+    return step
+
+
+def gpt2_accum_step(torch, steps, seed=0, micro=4, accumulate=4):
+    """GPT-2 124M (random init) with gradient accumulation: each step runs `accumulate`
+    micro-batches of micro x 1024 tokens forward and backward, then one AdamW step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        total = 0.0
+        for _ in range(accumulate):
+            ids = torch.randint(0, config.vocab_size, (micro, 1024), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss / accumulate
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total
+
+    step.shapes = ["%d x %d x 1024" % (accumulate, micro)] * steps
+    return step
+
+
+def bert_serve_step(torch, steps, seed=0):
+    """BERT-base (random init) inference as a server sees it: under torch.inference_mode, each
+    step runs 8 requests whose batch (1..64) and padded length (16..512) are drawn at random."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = BertConfig()
+    model = BertModel(config).cuda().eval().to(torch.bfloat16)
+    plan = [[(rng.randint(1, 64), rng.randrange(16, 513, 16)) for _ in range(8)]
+            for _ in range(steps)]
+
+    def step(i):
+        total = 0.0
+        with torch.inference_mode():
+            for batch, length in plan[i]:
+                ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+                total += model(input_ids=ids).last_hidden_state[:, 0].float().sum().item()
+        return total
+
+    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
+    return step

@@ -36,7 +36,8 @@ import time
 
 from common import HERE, PYTHON_DIR, emit
 
-MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval")
+HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve")  # models.py
+MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmem")
@@ -93,24 +94,42 @@ def llama_step(torch, warmup, steps):
     return step
 
 
-def train_eval_step(name):
-    """models.py's <name>_step: three training steps and an evaluation, taking turns (not in
-    --all by default)."""
+def bert_varlen_step(torch, warmup, steps):
+    """As llama: the warm-up runs each distinct length of the timed steps once (`warmup` is
+    ignored), so that the timed steps compare allocators, not each length's first-step cost."""
+    sys.path.insert(0, HERE)
+    import models
+
+    timed = models.bert_lengths(steps)
+    warm = list(dict.fromkeys(timed))
+    step = models.bert_varlen_step(torch, len(warm) + steps, lengths=warm + timed)
+    step.warmup = len(warm)
+    step.varying = True
+    return step
+
+
+def models_step(name, varying=True):
+    """models.py's <name>_step (the train/eval loops and the held-out workloads; not in --all by
+    default). `varying`: its steps differ (evaluations among training steps, lengths drawn per
+    step), so the total compares allocators, not the median."""
 
     def make(torch, warmup, steps):
         sys.path.insert(0, HERE)
         import models
 
         step = getattr(models, name + "_step")(torch, warmup + steps)
-        step.varying = True  # evaluation steps among the training steps: compare totals
+        step.varying = varying
         return step
 
     return make
 
 
 STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
-         "gpt2_train_eval": train_eval_step("gpt2_train_eval"),
-         "resnet50_train_eval": train_eval_step("resnet50_train_eval")}
+         "gpt2_train_eval": models_step("gpt2_train_eval"),
+         "resnet50_train_eval": models_step("resnet50_train_eval"),
+         "vit": models_step("vit", varying=False), "gpt2_accum": models_step("gpt2_accum", varying=False),
+         "bert_varlen": bert_varlen_step, "t5_varlen": models_step("t5_varlen"),
+         "bert_serve": models_step("bert_serve")}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {

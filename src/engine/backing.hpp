@@ -160,6 +160,7 @@ class Backing {
   Backing& operator=(const Backing&) = delete;
 
   std::size_t granularity() const { return granularity_; }  // the page size: bytes per chunk
+  std::size_t peak_used_bytes() const { return peak_used_ * granularity_; }  // most pages used at once
   std::size_t device_total() const { return device_total_; }
   std::size_t limit() const { return limit_; }
   // A limit in bytes as given (0: the device's total), or Error(invalid_argument) for one above

@@ -56,6 +56,10 @@ class Engine::Impl final : private detail::BackingClient {
     return backing_.mapped_ranges();
   }
 
+  // Empty slabs kept (SlabAllocator) may hold up to this share of the most memory ever used at
+  // once (1/1024: 0.1%), beyond each class's first.
+  static constexpr std::size_t kKeptSlabShare = 1024;
+
   Device& device_;
   detail::CaptureHook capture_;  // read before the lock
   mutable std::mutex mutex_;     // guards everything below

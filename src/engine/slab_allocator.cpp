@@ -29,14 +29,17 @@ SlabId SlabAllocator::add(std::uint32_t arena, int cls, DevicePtr base, NodeId n
   return id;
 }
 
-bool SlabAllocator::free(SlabId id, DevicePtr ptr) {
+bool SlabAllocator::free(SlabId id, DevicePtr ptr, std::size_t keep_bytes) {
   Slab& s = slabs_[id];
   ClassState& c = classes_[s.arena * kNumClasses + s.cls];
   s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
   if (s.used-- == s.capacity) list(c, id);
   if (s.used > 0) return false;
-  if (c.spare == kNoSlab) {
-    c.spare = id;
+  // A class keeps its first empty slab whatever the budget (a malloc/free pair must not carve
+  // and give back a slab each time), further ones within it.
+  if (c.empty.empty() || kept_bytes_ + s.bytes() <= keep_bytes) {
+    c.empty.push_back(id);
+    kept_bytes_ += s.bytes();
     // Alone in the list it stays there; among partial slabs it steps aside, so that they fill
     // up first (reuse_spare brings it back when they are full).
     if (c.partial != id || s.next != kNoSlab) unlist(c, id);
@@ -44,6 +47,16 @@ bool SlabAllocator::free(SlabId id, DevicePtr ptr) {
   }
   unlist(c, id);
   return true;
+}
+
+void SlabAllocator::unkeep(ClassState& c, SlabId id) {
+  for (std::size_t k = 0; k < c.empty.size(); ++k) {
+    if (c.empty[k] != id) continue;
+    c.empty[k] = c.empty.back();
+    c.empty.pop_back();
+    kept_bytes_ -= slabs_[id].bytes();
+    return;
+  }
 }
 
 void SlabAllocator::remove(SlabId id) {
@@ -56,18 +69,23 @@ void SlabAllocator::remove(SlabId id) {
 std::vector<SlabId> SlabAllocator::take_spares() {
   std::vector<SlabId> spares;
   for (ClassState& c : classes_) {
-    if (c.spare == kNoSlab) continue;
-    if (slabs_[c.spare].listed) unlist(c, c.spare);
-    spares.push_back(c.spare);
-    c.spare = kNoSlab;
+    for (SlabId id : c.empty) {
+      if (slabs_[id].listed) unlist(c, id);
+      spares.push_back(id);
+    }
+    c.empty.clear();
   }
+  kept_bytes_ = 0;
   return spares;
 }
 
 bool SlabAllocator::reuse_spare(ClassState& c) {
-  if (c.spare == kNoSlab) return false;
-  list(c, c.spare);
-  return true;  // allocate() clears c.spare as it takes the first slot
+  if (c.empty.empty()) return false;
+  SlabId lowest = c.empty[0];
+  for (SlabId id : c.empty)
+    if (slabs_[id].base < slabs_[lowest].base) lowest = id;
+  list(c, lowest);
+  return true;  // allocate() takes it out of c.empty as it takes the first slot
 }
 
 void SlabAllocator::list(ClassState& c, SlabId id) {

@@ -1,8 +1,12 @@
 // Small blocks: per arena (stream) and size class, slabs of a few equal slots. The fast path
-// pops a free slot from the first slab of the class with room; a slab that empties is kept as
-// the class's one spare (left listed when it is the class's only slab, so that a malloc/free
-// pair does not relist it), further empty slabs go back to the large allocator. Bookkeeping only:
-// the engine carves and backs the slabs' memory.
+// pops a free slot from the first slab of the class with room. A slab that empties is kept,
+// empty, for the class to fill again, up to a budget the engine sets (a share of its peak
+// memory): a slab given back to the large allocator and carved again elsewhere moves the free
+// ranges that large blocks are placed in, and with them the layout of every later step (a loop
+// with gradient accumulation never settled: docs/engine.md, "Kept empty slabs"). Empty slabs
+// are refilled lowest address first, so which one a class takes depends on where they are, not
+// on the order they emptied in. Beyond the budget, empty slabs go back to the large allocator.
+// Bookkeeping only: the engine carves and backs the slabs' memory.
 #pragma once
 
 #include <cstddef>
@@ -45,18 +49,21 @@ class SlabAllocator {
     Slab& s = slabs_[slab];
     const std::uint32_t slot = s.free_slots.back();
     s.free_slots.pop_back();
-    if (s.used++ == 0 && c.spare == slab) c.spare = kNoSlab;  // the spare is in use again
+    if (s.used++ == 0) [[unlikely]] unkeep(c, slab);  // an empty slab in use again
     if (s.used == s.capacity) unlist(c, slab);
     return s.base + slot * s.object_size;
   }
   // Registers a new slab over [base, base + slab bytes) and lists it.
   SlabId add(std::uint32_t arena, int cls, DevicePtr base, NodeId node);
-  // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept as the
-  // class's spare: the caller then gives its range back and calls remove().
-  bool free(SlabId slab, DevicePtr ptr);
+  // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept (the empty
+  // slabs kept would exceed `keep_bytes`): the caller then gives its range back and calls
+  // remove().
+  bool free(SlabId slab, DevicePtr ptr, std::size_t keep_bytes);
   void remove(SlabId slab);
-  // Takes every spare (empty) slab out of the classes, for the engine to release under pressure.
+  // Takes every kept empty slab out of the classes, for the engine to release (under pressure,
+  // empty_cache).
   std::vector<SlabId> take_spares();
+  std::size_t kept_bytes() const { return kept_bytes_; }  // in empty slabs kept
 
   const Slab& slab(SlabId id) const { return slabs_[id]; }
   std::size_t slab_count() const { return slabs_.size(); }
@@ -65,9 +72,12 @@ class SlabAllocator {
  private:
   struct ClassState {
     SlabId partial = kNoSlab;  // slabs with room
-    SlabId spare = kNoSlab;    // an empty slab kept for reuse; listed only when alone
+    // Empty slabs kept for reuse, unlisted, except one left listed when it is the class's only
+    // slab (so that a malloc/free pair on it does not relist it).
+    std::vector<SlabId> empty;
   };
-  bool reuse_spare(ClassState& c);
+  bool reuse_spare(ClassState& c);  // lists the lowest kept empty slab, if any
+  void unkeep(ClassState& c, SlabId id);  // `id` (kept empty until now) has a slot in use
   void list(ClassState& c, SlabId id);
   void unlist(ClassState& c, SlabId id);
 
@@ -75,6 +85,7 @@ class SlabAllocator {
   std::vector<SlabId> recycled_;
   std::vector<ClassState> classes_;
   std::size_t bytes_ = 0;
+  std::size_t kept_bytes_ = 0;
 };
 
 }  // namespace gmem::detail

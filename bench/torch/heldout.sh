@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Held-out workloads (models.py: vit, bert_varlen, t5_varlen, gpt2_accum, bert_serve), programs
+# gmem's policy was not tuned on: `capture` records each one's allocation trace under the native
+# allocator (and its peaks under expandable segments) for `gmem replay`; `live` runs each under
+# native, expandable and gmem (4 warm-up + 8 timed steps) and prints reserved / allocated, time
+# and gmem's maps step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the
+# repository root:   bench/torch/heldout.sh capture|live [program...]   (results under $OUT or /tmp)
+set -u
+cd "$(dirname "$0")/../.."
+dir=${OUT:-/tmp}
+mode=${1:-capture}
+shift || true
+programs=${*:-vit bert_varlen t5_varlen gpt2_accum bert_serve}
+unset PYTORCH_CUDA_ALLOC_CONF GMEM_DEVICE
+if [ "$mode" = capture ]; then
+  python3 bench/torch/capture_traces.py --programs $programs --expandable \
+    --out-dir "$dir" --out "$dir/heldout_capture.jsonl" || echo "FAILED capture"
+else
+  source bench/torch/build_gpu.sh
+  python3 bench/torch/train_bench.py --all --models $programs \
+    --warmup 4 --steps 8 --out "$dir/heldout.jsonl" >/dev/null || echo "FAILED train_bench"
+  python3 - "$dir" <<'PY'
+import json, sys
+for line in open(sys.argv[1] + "/heldout.jsonl"):
+    r = json.loads(line)
+    print(f"{r['model']:12} {r['allocator']:10} median {r.get('median_ms', 0):7.1f} total {r.get('total_ms', 0):7.0f} ms"
+          f"  reserved/allocated {r.get('reserved_ratio')}  maps after warm-up {r.get('maps_after_warmup')} "
+          f"{r.get('error', '')}")
+    if r.get("step_maps"):
+        print("   maps", r["step_maps"])
+    print("   ms", r.get("step_ms"))
+PY
+fi
