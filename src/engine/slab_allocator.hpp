@@ -3,7 +3,7 @@
 // empty, for the class to fill again, up to a budget the engine sets (a share of its peak
 // memory): a slab given back to the large allocator and carved again elsewhere moves the free
 // ranges that large blocks are placed in, and with them the layout of every later step (a loop
-// with gradient accumulation never settled: docs/engine.md, "Kept empty slabs"). Empty slabs
+// with gradient accumulation never settled: docs/engine.md, "Held-out traces"). Empty slabs
 // are refilled lowest address first, so which one a class takes depends on where they are, not
 // on the order they emptied in. Beyond the budget, empty slabs go back to the large allocator.
 // Bookkeeping only: the engine carves and backs the slabs' memory.
