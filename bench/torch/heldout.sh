@@ -19,15 +19,5 @@ else
   source bench/torch/build_gpu.sh
   python3 bench/torch/train_bench.py --all --models $programs \
     --warmup 4 --steps 8 --out "$dir/heldout.jsonl" >/dev/null || echo "FAILED train_bench"
-  python3 - "$dir" <<'PY'
-import json, sys
-for line in open(sys.argv[1] + "/heldout.jsonl"):
-    r = json.loads(line)
-    print(f"{r['model']:12} {r['allocator']:10} median {r.get('median_ms', 0):7.1f} total {r.get('total_ms', 0):7.0f} ms"
-          f"  reserved/allocated {r.get('reserved_ratio')}  maps after warm-up {r.get('maps_after_warmup')} "
-          f"{r.get('error', '')}")
-    if r.get("step_maps"):
-        print("   maps", r["step_maps"])
-    print("   ms", r.get("step_ms"))
-PY
+  python3 bench/torch/train_bench.py --show "$dir/heldout.jsonl"
 fi

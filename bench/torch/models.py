@@ -32,6 +32,15 @@ LLAMA_BATCH = 8
 LLAMA_SEQ = (512, 2048, 64)  # lengths drawn from range(512, 2048 + 1, 64)
 
 
+def finish_training_step(optimizer, loss):
+    """The end of every training step here: backward, the optimizer's step, the gradients set
+    to None; returns the loss as a float (a host sync, as a training loop's logging makes)."""
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def llama_lengths(count, seed=0):
     """The sequence length of each step: the same list for every allocator."""
     rng = random.Random(seed)
@@ -169,10 +178,7 @@ def llama_step(torch, steps, seed=0, batch=LLAMA_BATCH, lengths=None):
         tokens = torch.randint(0, LLAMA["vocab"], (batch, t + 1), device="cuda", generator=data)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_training_step(optimizer, loss)
 
     step.shapes = ["seq %d" % t for t in lengths]
     return step
@@ -207,10 +213,7 @@ def fasterrcnn_step(torch, steps, seed=0, batch=4):
                    for _, _, b, l in plan[i]]
         losses = model(images, targets)
         loss = sum(losses.values())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_training_step(optimizer, loss)
 
     step.shapes = [" ".join("%dx%d" % (h, w) for h, w, _, _ in images) for images in plan]
     return step
@@ -273,10 +276,7 @@ def _train_eval(torch, model, optimizer, steps, train_batch, eval_batch, loss_of
             model.train()
             return total / 2
         loss = loss_of(train_batch(i))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_training_step(optimizer, loss)
 
     step.shapes = ["eval" if i % TRAIN_EVAL_PERIOD == TRAIN_EVAL_PERIOD - 1 else "train"
                    for i in range(steps)]
@@ -344,10 +344,7 @@ def vit_step(torch, steps, seed=0, batch=64):
         labels = torch.randint(0, 1000, (batch,), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_training_step(optimizer, loss)
 
     step.shapes = ["batch %d" % batch] * steps
     return step
@@ -376,10 +373,7 @@ def bert_varlen_step(torch, steps, seed=0, batch=16, lengths=None):
         labels = torch.where(torch.rand(ids.shape, device="cuda") < 0.15, ids, -100)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_training_step(optimizer, loss)
 
     step.shapes = ["seq %d" % t for t in lengths]
     return step
@@ -403,10 +397,7 @@ def t5_varlen_step(torch, steps, seed=0, batch=16):
         labels = torch.randint(0, config.vocab_size, (batch, target), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_training_step(optimizer, loss)
 
     step.shapes = ["source %d target %d" % p for p in plan]
     return step

@@ -298,6 +298,20 @@ def run_all(args, models, allocators, uncapped):
     return failed
 
 
+def show(paths):
+    """Prints each run of the JSON-lines files `paths`: time, reserved / allocated, and gmem's maps
+    step by step (the GPU scripts' summary)."""
+    for path in paths:
+        for line in open(path):
+            r = json.loads(line)
+            print(f"{r['model']:20} {r['allocator']:10} median {r.get('median_ms', 0):7.1f} "
+                  f"total {r.get('total_ms', 0):7.0f} ms  reserved/allocated {r.get('reserved_ratio')}  "
+                  f"maps after warm-up {r.get('maps_after_warmup')} {r.get('error', '')}")
+            if r.get("step_maps"):
+                print("   maps", r["step_maps"])
+            print("   ms", r.get("step_ms"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--all", action="store_true", help="every model x allocator, one process each")
@@ -314,7 +328,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=150, help="seconds per run (--all, --cap-ratio)")
     parser.add_argument("--out")
+    parser.add_argument("--show", nargs="+", metavar="FILE", help="print the runs in these files")
     args = parser.parse_args()
+    if args.show:
+        return show(args.show)
     if args.cap_ratio is not None and args.cap_ratio <= 0:
         parser.error("--cap-ratio must be positive")
     if args.model and args.allocator and (args.cap_bytes or not args.cap_ratio):
