@@ -181,7 +181,8 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
       .field("late_host_wait_us", r.late_host_wait_us)
       .field("host_clock_us", r.host_clock_us)
       .field("steps", r.steps)
-      .field("late_steps", r.late_steps);
+      .field("late_steps", r.late_steps)
+      .field("steps_marked", r.steps_marked);
   if (r.late_steps) w.field("device_ms_per_step", late_device_ms(r));
   else w.field("device_ms_per_step", nullptr);
   write_figures(w, "per_step", r.per_step);  // --steps

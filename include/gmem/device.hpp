@@ -6,6 +6,7 @@
 // device_out_of_memory() set when the device has no memory left.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -53,6 +54,14 @@ class Device {
   virtual void record_event(EventHandle event, StreamId stream) = 0;
   virtual bool query_event(EventHandle event) = 0;        // true when complete; never blocks
   virtual void synchronize_event(EventHandle event) = 0;  // blocks until complete
+
+  // The host's clock in microseconds, what the engine weighs the cost of its device calls against
+  // (is remapping worth buying memory?): the steady clock for a real GPU; SimulatedDevice keeps
+  // a modelled one.
+  virtual double host_time() const {
+    return std::chrono::duration<double, std::micro>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
 };
 
 }  // namespace gmem

@@ -134,7 +134,7 @@ class SimulatedDevice final : public Device {
   // event's completion (a wait), and the trace's later events follow from there.
   void set_host_time(double us);
   void advance_host_time(double us);  // by `us` more (negative: ignored)
-  double host_time() const;
+  double host_time() const override;
   // The GPU's lag behind the host for events recorded from now on (SimDeviceOptions::lag_us): a
   // busier phase, say. An event never completes before one recorded earlier on its stream.
   void set_lag(double us);

@@ -33,7 +33,7 @@ std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1
 Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
                  EngineObserver* const& observer, BackingClient& client, std::size_t page_size)
     : device_(device), streams_(streams), accounting_(accounting), observer_(observer),
-      client_(client), granularity_(device.granularity()) {
+      client_(client), granularity_(device.granularity()), clash_rule_(device.host_time()) {
   if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
     throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
                                             std::to_string(granularity_));
@@ -622,7 +622,7 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
   // A warm-up step (steps marked: a shape's first, the first on a new plan) stitches: its
   // layout is not seen again, and chunks bought to settle it would be held for good.
   if (clashes_before > 0 && !planner_.warm_up() &&
-      clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before))
+      clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before, device_.host_time()))
     if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
   if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {

@@ -69,36 +69,62 @@ class BackingClient {
 // gets a new chunk rather than another free one: while reserved memory stays within a share of
 // the most pages ever used at once (1/share, plus kPages). Without it, a layout whose pages take
 // turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35 pages a
-// step). A program whose layout keeps changing (a random churn; a training loop whose shapes
-// take turns, each laying its blocks out differently) keeps clashing: each time the clashes
-// reach half the pages in use, the share doubles, up to 1/kMinShare. (At a quarter, the warm-up
-// of llama_ckpt_varlen alone doubled it three times: 1.023 instead of 1.013; at the whole,
-// alloc_bench's churn of 1000 blocks still stitched after 100k operations.) A page that keeps
-// clashing (kRecurring times before) counts kRecurringWeight times: its layouts need more chunks
-// than the pages in use at once, and only more chunks settle them (shapes taking turns: ten
-// layouts of llama need 1.09 times its peak pages; see docs/engine.md). A warm-up, where pages
-// clash a few times each, does not reach it (llama_ckpt_varlen holds 1.013 as before).
+// step).
+//
+// The share starts at 1/kFirstShare and doubles in two ways (docs/engine.md, "What clashes cost"):
+// - Pages that keep clashing (kRecurring times before) count kRecurringWeight times each; when
+//   the weighted clashes reach half the pages in use, the share doubles, up to 1/kRecurringShare:
+//   a loop whose pages take turns in a fixed pattern needs a few more chunks than pages, and
+//   settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
+// - Beyond that only where remapping costs the program time: each time the clashes reach half
+//   the pages in use, the share doubles, up to 1/kMinShare, if the clashes since it last moved
+//   (their device calls priced kClashUs each) took more than 1/kCostlyShare of the host time
+//   since then (the device's clock: the steady clock on a GPU, the modelled one in a replay; a
+//   burst, a request of a new shape remapping a hundred pages within milliseconds, is weighed
+//   against all that time). A program whose layout never repeats (requests of random shapes;
+//   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
+//   it clash less often: BERT serving random requests (bert_serve, H100) held 1.18 times its peak
+//   at 1/8 and ran no faster than at 1.04. A churn of back-to-back mallocs, where remapping is
+//   nearly all the time spent, still buys up to 1/8 and stops stitching.
 class ClashRule {
  public:
   static constexpr std::size_t kFirstShare = 200;
+  static constexpr std::size_t kRecurringShare = 100;
   static constexpr std::size_t kMinShare = 8;
   static constexpr std::size_t kPages = 4;
   static constexpr std::uint32_t kRecurring = 7;
   static constexpr std::size_t kRecurringWeight = 64;
+  static constexpr double kClashUs = 62;  // cuMemUnmap 22 + cuMemMap 2 + cuMemSetAccess 38 (H100)
+  static constexpr double kCostlyShare = 10;
+  explicit ClashRule(double start_us) : counted_since_us_(start_us) {}
   // A page clashed again (`clashes_before` > 0 times before); may it have a new chunk, with
-  // `held` chunks held now?
-  bool allows_new_chunk(std::size_t held, std::size_t peak_used, std::uint32_t clashes_before) {
-    clashes_ += clashes_before >= kRecurring ? kRecurringWeight : 1;
-    if (clashes_ > peak_used / 2 && share_ > kMinShare) {
-      share_ = std::max(kMinShare, share_ / 2);
-      clashes_ = 0;
+  // `held` chunks held now? `now_us`: the device's host clock.
+  bool allows_new_chunk(std::size_t held, std::size_t peak_used, std::uint32_t clashes_before,
+                        double now_us) {
+    weighted_ += clashes_before >= kRecurring ? kRecurringWeight : 1;
+    if (weighted_ > peak_used / 2) {
+      if (share_ > kRecurringShare) share_ = std::max(kRecurringShare, share_ / 2);
+      weighted_ = 0;
+    }
+    ++clashes_;
+    if (++epoch_ > peak_used / 2) {
+      const double spent_us = static_cast<double>(clashes_) * kClashUs;
+      if (share_ > kMinShare && spent_us * kCostlyShare > now_us - counted_since_us_) {
+        share_ = std::max(kMinShare, share_ / 2);
+        clashes_ = 0;
+        counted_since_us_ = now_us;
+      }
+      epoch_ = 0;
     }
     return held < peak_used + peak_used / share_ + kPages;
   }
 
  private:
   std::size_t share_ = kFirstShare;
-  std::size_t clashes_ = 0;
+  std::size_t weighted_ = 0;  // towards kRecurringShare
+  std::size_t epoch_ = 0;     // clashes since the cost was last weighed
+  std::size_t clashes_ = 0;   // since the share last moved (or the engine began)
+  double counted_since_us_;
 };
 
 // The maps of one malloc's slow path and set_access over each contiguous run of them, booked

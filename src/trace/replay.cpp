@@ -237,6 +237,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   const DeviceCounts end_counts = DeviceCounts::of(device);
   const MemoryStats stats = engine.stats();
   r.peak_reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kAllPools].peak);
+  r.steps_marked = static_cast<std::size_t>(stats.steps_marked);
   r.creates = end_counts.creates;
   r.maps = end_counts.maps;
   r.unmaps = end_counts.unmaps;

@@ -288,12 +288,15 @@ TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsSettleAtPeak) {
   // llama_rounds: bench/torch/train_bench.py's Llama schedule captured on the H100
   // (capture_traces.py's llama_rounds, its first 40 steps): each of 24 sequence lengths once,
   // then lengths drawn from them. Steps marked where gmem.torch marks them, after
-  // optimizer.step() (models.py:168). Without marks the lengths' layouts clash until the clash
-  // rule has bought 1.13 times peak allocated (live on the H100 too: 1.131). With marks the
-  // first step of each length stitches instead of buying chunks (a warm-up), the gradients that
-  // zero_grad frees after the mark belong to the step, and lengths that come back follow their
-  // plans: after the step that maps the plan region (the 26th), 1.004 and about no device call
-  // (live, 60 steps: 1.0046, no map in the last 33).
+  // optimizer.step() (models.py:168). Without marks the lengths' layouts keep clashing. The clash
+  // rule buys chunks for pages that keep clashing up to 1/100 of the pages in use, and more only
+  // where the remaps cost a tenth of the program's time; here they cost a few percent, so it
+  // stays within 2% of its peak and stitches every step (weighing no cost, the rule bought 1.13
+  // times peak allocated, as it did on the H100: 1.131). With marks the first step
+  // of each length stitches (a warm-up), the gradients that zero_grad frees after the mark
+  // belong to the step, and lengths that come back follow their plans: after the step that maps
+  // the plan region (the 26th), 1.004 and about no device call (live, 60 steps: 1.0046, no map in
+  // the last 33).
   const Trace t = read_trace(data_file("llama_rounds.trace.csv.gz"));
   ReplayOptions options;
   options.lag_us = kGpuLagUs;
@@ -310,12 +313,21 @@ TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsSettleAtPeak) {
   const double peak = static_cast<double>(marked.peak_allocated);
   // After the 24 lengths' first steps: the warm-ups bought no chunks for their clashes.
   EXPECT_LE(static_cast<double>(marked.per_step[23].peak_reserved) / peak, 1.01);
-  EXPECT_GT(static_cast<double>(unmarked.per_step[23].peak_reserved) / peak, 1.03);
   EXPECT_LE(marked.reserved_ratio(), 1.01);
-  EXPECT_GT(unmarked.reserved_ratio(), 1.08);
-  std::uint64_t late = 0;  // device calls in the last ten steps
-  for (std::size_t i = 30; i < 40; ++i) late += marked.per_step[i].device_calls;
+  EXPECT_LE(unmarked.reserved_ratio(), 1.02);
+  std::uint64_t late = 0, late_unmarked = 0;  // device calls in the last ten steps
+  double late_unmarked_us = 0;
+  for (std::size_t i = 30; i < 40; ++i) {
+    late += marked.per_step[i].device_calls;
+    late_unmarked += unmarked.per_step[i].device_calls;
+    late_unmarked_us += unmarked.per_step[i].device_us;
+  }
   EXPECT_LE(late, 10u);
+  EXPECT_GT(late_unmarked, 1000u);
+  // What the unmarked steps spend remapping stays under the clash rule's tenth of their time.
+  const double late_span_us = static_cast<double>(t.events[options.step_ends[39]].time_us -
+                                                  t.events[options.step_ends[29]].time_us);
+  EXPECT_LT(late_unmarked_us, 0.1 * late_span_us);
   // The steps' figures add up to the replay's.
   std::uint64_t calls = 0;
   for (const StepFigures& s : marked.per_step) calls += s.device_calls;
@@ -383,41 +395,42 @@ TEST(Replay, InvariantsHoldWithStepMarks) {
   EXPECT_FALSE(result.failed) << result.failure;
 }
 
-TEST(Replay, ShapesTakingTurnsSettleWithinExpandableSegmentsMemory) {
+TEST(Replay, ShapesTakingTurnsWithoutMarksStayAtPeakWhileRemapsAreCheap) {
   // llama_ckpt_varlen draws a sequence length per step, and each length lays its blocks out
-  // differently. Its steps replayed again and again in shuffled order: at first every step
-  // remaps pages whose chunks another length's layout took; the engine then buys chunks, within
-  // 1/8 of the pages in use, until the layouts stop clashing (the ten layouts need 1.09 times the
-  // pages in use at once: no assignment of chunks to their pages fits fewer). Pages that keep
-  // clashing speed the buying up: the remaps fall within five or six rounds, not ten. What it
-  // holds stays below what PyTorch's expandable segments held for this program (1.155 of peak
-  // allocated).
+  // differently. Its steps replayed again and again in shuffled order, with no step marks: every
+  // round remaps pages whose chunks another length's layout took. Only more chunks would stop it
+  // (the ten layouts need 1.09 times the pages in use at once), but the remaps cost a few percent
+  // of the rounds' time, so the clash rule buys no more than its 1/100 for pages that keep
+  // clashing: the rounds stay within 2% of their peak and go on remapping. (Weighing no cost, it
+  // bought its way to 1.13 and settled by round six; with step marks the rounds settle at their
+  // peak: ShapesTakingTurnsWithStepMarksSettleAtPeak.)
   constexpr int kRounds = 14;
   const ShuffledRounds rounds = shuffled_rounds(kRounds, 1);
   const std::vector<std::size_t>& round_ends = rounds.round_ends;
   ReplayOptions lagged;
   lagged.lag_us = kGpuLagUs;
-  auto calls_until = [&](std::size_t event) {
+  struct Until {
+    std::uint64_t calls = 0;
+    double device_us = 0, host_us = 0, ratio = 0;
+  };
+  auto until = [&](std::size_t event) {
     lagged.stop_at_event = event;
     const ReplayResult r = replay(rounds.trace, lagged);
     EXPECT_FALSE(r.failed) << r.failure;
-    return std::make_pair(r.creates + r.maps + r.unmaps, r.reserved_ratio());
+    return Until{r.creates + r.maps + r.unmaps, r.device_call_us + r.host_wait_us,
+                 r.host_clock_us, r.reserved_ratio()};
   };
-  const auto [after_first, ratio_first] = calls_until(round_ends[0]);
-  const auto [after_sixth, ratio_sixth] = calls_until(round_ends[5]);
-  const auto [before_last, ratio_before_last] = calls_until(round_ends[kRounds - 2]);
-  const auto [all, ratio] = calls_until(0);
-  const auto [before_first, unused] = calls_until(rounds.prefix_end);
-  EXPECT_GT(after_first - before_first, 1000u);  // the first round still clashes
-  EXPECT_LT(all - before_last, (after_first - before_first) / 20) << "device calls in the last round";
-  // Settled by round six: the last eight rounds together remap fewer pages than half the first
-  // (3,256 in the first; 491 in the last eight, against 6,726 when every clash counted once).
-  EXPECT_LT(all - after_sixth, (after_first - before_first) / 2) << "device calls in rounds 7-14";
-  EXPECT_LE(ratio_first, 1.02);
-  EXPECT_LE(ratio, 1.155);
+  const Until after_first = until(round_ends[0]);
+  const Until before_last = until(round_ends[kRounds - 2]);
+  const Until all = until(0);
+  EXPECT_LE(after_first.ratio, 1.02);
+  EXPECT_LE(all.ratio, 1.02);
+  EXPECT_GT(all.calls - before_last.calls, 1000u) << "device calls in the last round";
+  // Rounds 2-14: what the remaps and their waits cost, against the host time they took.
+  EXPECT_LT(all.device_us - after_first.device_us, 0.1 * (all.host_us - after_first.host_us));
 }
 
-// Prints the shuffled rounds of ShapesTakingTurnsSettle... per round (device calls, reserved
+// Prints the shuffled rounds of ShapesTakingTurns... per round (device calls, reserved
 // over peak allocated), without and with step marks (planned step layouts): the experiment's
 // figures for docs/engine.md. Run with --gtest_also_run_disabled_tests.
 TEST(Replay, DISABLED_PrintShuffledRounds) {
