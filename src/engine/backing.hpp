@@ -78,8 +78,8 @@ class BackingClient {
 //   settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
 // - Beyond that only where remapping costs the program time: each time the clashes reach half
 //   the pages in use, the share doubles, up to 1/kMinShare, if the clashes since it last moved
-//   (their device calls priced kClashUs each) took more than 1/kCostlyShare of the host time
-//   since then (the device's clock: the steady clock on a GPU, the modelled one in a replay; a
+//   (their device calls priced kClashUs each, and the waits for their stream before the unmaps,
+//   as measured) took more than 1/kCostlyShare of the host time since then (the device's clock: the steady clock on a GPU, the modelled one in a replay; a
 //   burst, a request of a new shape remapping a hundred pages within milliseconds, is weighed
 //   against all that time). A program whose layout never repeats (requests of random shapes;
 //   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
@@ -108,22 +108,26 @@ class ClashRule {
     }
     ++clashes_;
     if (++epoch_ > peak_used / 2) {
-      const double spent_us = static_cast<double>(clashes_) * kClashUs;
+      const double spent_us = static_cast<double>(clashes_) * kClashUs + waited_us_;
       if (share_ > kMinShare && spent_us * kCostlyShare > now_us - counted_since_us_) {
         share_ = std::max(kMinShare, share_ / 2);
         clashes_ = 0;
+        waited_us_ = 0;
         counted_since_us_ = now_us;
       }
       epoch_ = 0;
     }
     return held < peak_used + peak_used / share_ + kPages;
   }
+  // A clash's unmap waited `us` for its stream to catch up with the page's last use.
+  void note_wait(double us) { waited_us_ += std::max(0.0, us); }
 
  private:
   std::size_t share_ = kFirstShare;
   std::size_t weighted_ = 0;  // towards kRecurringShare
   std::size_t epoch_ = 0;     // clashes since the cost was last weighed
   std::size_t clashes_ = 0;   // since the share last moved (or the engine began)
+  double waited_us_ = 0;      // by their unmaps
   double counted_since_us_;
 };
 
