@@ -102,6 +102,7 @@ class CheckingDevice final : public Device {
   }
   bool query_event(EventHandle event) override { return inner_.query_event(event); }
   void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
+  double host_time() const override { return inner_.host_time(); }
 
   int maps() const {
     std::lock_guard lock(mutex_);

@@ -55,9 +55,10 @@ class Device {
   virtual bool query_event(EventHandle event) = 0;        // true when complete; never blocks
   virtual void synchronize_event(EventHandle event) = 0;  // blocks until complete
 
-  // The host's clock in microseconds, what the engine weighs the cost of its device calls against
-  // (is remapping worth buying memory?): the steady clock for a real GPU; SimulatedDevice keeps
-  // a modelled one.
+  // The host's clock in microseconds, what the engine weighs the cost of its remaps against (is
+  // buying memory worth it?): the steady clock for a real GPU; SimulatedDevice keeps a modelled
+  // one. A device that wraps another forwards it. Called from any thread, with or without the
+  // engine's lock.
   virtual double host_time() const {
     return std::chrono::duration<double, std::micro>(
                std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -479,13 +479,15 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
         if (p.refs > 1 || page_ready(arena, i, p)) continue;
         // Refs were taken in order, so an alias of this chunk among earlier pages of this block
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
+        double waited_us = 0;
         if (!streams_.progress.done(stream, p.free_seq)) {
           const double waiting_since = device_.host_time();
           streams_.progress.catch_up(stream, true, &unlocked_);
           ++accounting_.stats.num_sync_all_streams;
-          clash_rule_.note_wait(device_.host_time() - waiting_since);
+          waited_us = device_.host_time() - waiting_since;
         }
         unmap_page(page_id(arena, static_cast<std::uint32_t>(i)), /*unlock=*/true);
+        if (!planner_.warm_up()) clash_rule_.count_cost(waited_us);
       }
       const std::uint32_t clashes_before = conflict ? p.clashes : 0;
       if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;

@@ -68,23 +68,24 @@ class BackingClient {
 // When a page that had to be remapped twice (its chunk was busy elsewhere when it was needed)
 // gets a new chunk rather than another free one: while reserved memory stays within a share of
 // the most pages ever used at once (1/share, plus kPages). Without it, a layout whose pages take
-// turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35 pages a
-// step).
+// turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35 pages a step).
 //
-// The share starts at 1/kFirstShare and doubles in two ways (docs/engine.md, "What clashes cost"):
-// - Pages that keep clashing (kRecurring times before) count kRecurringWeight times each; when
-//   the weighted clashes reach half the pages in use, the share doubles, up to 1/kRecurringShare:
-//   a loop whose pages take turns in a fixed pattern needs a few more chunks than pages, and
-//   settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
-// - Beyond that only where remapping costs the program time: each time the clashes reach half
-//   the pages in use, the share doubles, up to 1/kMinShare, if the clashes since it last moved
-//   (their device calls priced kClashUs each, and the waits for their stream before the unmaps,
-//   as measured) took more than 1/kCostlyShare of the host time since then (the device's clock: the steady clock on a GPU, the modelled one in a replay; a
-//   burst, a request of a new shape remapping a hundred pages within milliseconds, is weighed
-//   against all that time). A program whose layout never repeats (requests of random shapes;
+// The share starts at 1/kFirstShare and grows in two ways, the larger of the two holding
+// (docs/engine.md, "What clashes cost"):
+// - By count, up to 1/kRecurringShare: each time the clashes reach half the pages in use, a clash
+//   at a page that clashed kRecurring times before counting kRecurringWeight times, the share
+//   doubles. A loop whose pages take turns in a fixed pattern needs a few more chunks than pages
+//   and settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
+// - By cost, up to 1/kMinShare: at each such count the share doubles if remapping since it last
+//   did took more than 1/kCostlyShare of the host time since then: every clash outside a warm-up,
+//   priced kClashUs, and the waits for the stream before its unmap, as measured (with the time
+//   spent getting the engine's lock back). The time is the device's clock: the steady clock on a
+//   GPU, the modelled one in a replay (one that never moves makes every clash costly). A window
+//   found cheap and older than kWindowUs starts again, so a program that clashes late is not
+//   judged by its quiet start. A program whose layout never repeats (requests of random shapes;
 //   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
 //   it clash less often: BERT serving random requests (bert_serve, H100) held 1.18 times its peak
-//   at 1/8 and ran no faster than at 1.04. A churn of back-to-back mallocs, where remapping is
+//   at 1/8 and ran no faster than at 1.06. A churn of back-to-back mallocs, where remapping is
 //   nearly all the time spent, still buys up to 1/8 and stops stitching.
 class ClashRule {
  public:
@@ -96,39 +97,47 @@ class ClashRule {
   static constexpr std::size_t kRecurringWeight = 64;
   static constexpr double kClashUs = 62;  // cuMemUnmap 22 + cuMemMap 2 + cuMemSetAccess 38 (H100)
   static constexpr double kCostlyShare = 10;
-  explicit ClashRule(double start_us) : counted_since_us_(start_us) {}
+  static constexpr double kWindowUs = 30e6;
+  explicit ClashRule(double start_us) : window_start_us_(start_us) {}
+
+  // A page was remapped outside a warm-up, after waiting `waited_us` for its stream.
+  void count_cost(double waited_us) {
+    ++window_clashes_;
+    window_waits_us_ += std::max(0.0, waited_us);
+  }
   // A page clashed again (`clashes_before` > 0 times before); may it have a new chunk, with
   // `held` chunks held now? `now_us`: the device's host clock.
   bool allows_new_chunk(std::size_t held, std::size_t peak_used, std::uint32_t clashes_before,
                         double now_us) {
     weighted_ += clashes_before >= kRecurring ? kRecurringWeight : 1;
     if (weighted_ > peak_used / 2) {
-      if (share_ > kRecurringShare) share_ = std::max(kRecurringShare, share_ / 2);
       weighted_ = 0;
+      if (by_count_ > kRecurringShare) by_count_ = std::max(kRecurringShare, by_count_ / 2);
     }
-    ++clashes_;
-    if (++epoch_ > peak_used / 2) {
-      const double spent_us = static_cast<double>(clashes_) * kClashUs + waited_us_;
-      if (share_ > kMinShare && spent_us * kCostlyShare > now_us - counted_since_us_) {
-        share_ = std::max(kMinShare, share_ / 2);
-        clashes_ = 0;
-        waited_us_ = 0;
-        counted_since_us_ = now_us;
+    if (++since_weighed_ > peak_used / 2) {
+      since_weighed_ = 0;
+      const double spent_us = static_cast<double>(window_clashes_) * kClashUs + window_waits_us_;
+      const double window_us = now_us - window_start_us_;
+      const bool costly = spent_us * kCostlyShare > window_us;
+      if (costly && by_cost_ > kMinShare) by_cost_ = std::max(kMinShare, by_cost_ / 2);
+      if (costly || window_us > kWindowUs) {
+        window_clashes_ = 0;
+        window_waits_us_ = 0;
+        window_start_us_ = now_us;
       }
-      epoch_ = 0;
     }
-    return held < peak_used + peak_used / share_ + kPages;
+    const std::size_t share = std::min(by_count_, by_cost_);
+    return held < peak_used + peak_used / share + kPages;
   }
-  // A clash's unmap waited `us` for its stream to catch up with the page's last use.
-  void note_wait(double us) { waited_us_ += std::max(0.0, us); }
 
  private:
-  std::size_t share_ = kFirstShare;
-  std::size_t weighted_ = 0;  // towards kRecurringShare
-  std::size_t epoch_ = 0;     // clashes since the cost was last weighed
-  std::size_t clashes_ = 0;   // since the share last moved (or the engine began)
-  double waited_us_ = 0;      // by their unmaps
-  double counted_since_us_;
+  std::size_t by_count_ = kFirstShare;  // the share's two bounds: 1/by_count_, 1/by_cost_
+  std::size_t by_cost_ = kFirstShare;
+  std::size_t weighted_ = 0;            // clashes towards the next count, recurring ones weighted
+  std::size_t since_weighed_ = 0;       // clashes since the cost was last weighed
+  std::size_t window_clashes_ = 0;      // remaps in the cost's window, and their waits
+  double window_waits_us_ = 0;
+  double window_start_us_;
 };
 
 // The maps of one malloc's slow path and set_access over each contiguous run of them, booked

@@ -92,7 +92,7 @@ struct ReplayResult {
   // second half; 0 when unknown.
   std::size_t steps = 0;
   std::size_t late_steps = 0;
-  std::size_t steps_marked = 0;  // Engine::mark_step calls made (0 with ReplayOptions::mark_steps off)
+  std::size_t steps_marked = 0;  // Engine::mark_step calls (0 with ReplayOptions::mark_steps off)
 
   std::vector<StepFigures> per_step;  // ReplayOptions::record_steps: one per step end replayed
   std::vector<StepFigures> per_pass;  // ReplayOptions::passes > 1: one per pass replayed

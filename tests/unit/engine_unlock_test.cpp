@@ -75,6 +75,7 @@ class GatedDevice final : public Device {
     pass(DeviceCall::synchronize_event);
     sim.synchronize_event(event);
   }
+  double host_time() const override { return sim.host_time(); }
 
   std::size_t granularity() const override { return sim.granularity(); }
   DeviceMemInfo mem_info() override { return sim.mem_info(); }

@@ -289,8 +289,8 @@ TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsSettleAtPeak) {
   // (capture_traces.py's llama_rounds, its first 40 steps): each of 24 sequence lengths once,
   // then lengths drawn from them. Steps marked where gmem.torch marks them, after
   // optimizer.step() (models.py:168). Without marks the lengths' layouts keep clashing. The clash
-  // rule buys chunks for pages that keep clashing up to 1/100 of the pages in use, and more only
-  // where the remaps cost a tenth of the program's time; here they cost a few percent, so it
+  // rule buys chunks up to 1/100 of the pages in use as clashes accumulate, and more only where
+  // the remaps cost a tenth of the program's time; here they cost a few percent, so it
   // stays within 2% of its peak and stitches every step (weighing no cost, the rule bought 1.13
   // times peak allocated, as it did on the H100: 1.131). With marks the first step
   // of each length stitches (a warm-up), the gradients that zero_grad frees after the mark
@@ -400,8 +400,8 @@ TEST(Replay, ShapesTakingTurnsWithoutMarksStayAtPeakWhileRemapsAreCheap) {
   // differently. Its steps replayed again and again in shuffled order, with no step marks: every
   // round remaps pages whose chunks another length's layout took. Only more chunks would stop it
   // (the ten layouts need 1.09 times the pages in use at once), but the remaps cost a few percent
-  // of the rounds' time, so the clash rule buys no more than its 1/100 for pages that keep
-  // clashing: the rounds stay within 2% of their peak and go on remapping. (Weighing no cost, it
+  // of the rounds' time, so the clash rule buys no more than the 1/100 that clashes buy by count:
+  // the rounds stay within 2% of their peak and go on remapping. (Weighing no cost, it
   // bought its way to 1.13 and settled by round six; with step marks the rounds settle at their
   // peak: ShapesTakingTurnsWithStepMarksSettleAtPeak.)
   constexpr int kRounds = 14;

@@ -1,0 +1,73 @@
+// ClashRule (src/engine/backing.hpp): how far the engine may buy chunks for pages that had to be
+// remapped twice. 1000 pages in use at the peak; each call is one clash at such a page.
+#include <gtest/gtest.h>
+
+#include "engine/backing.hpp"
+
+namespace gmem::detail {
+namespace {
+
+constexpr std::size_t kPeak = 1000;
+
+// Chunks the rule allows at most: the largest `held` it still says yes to, plus one.
+std::size_t allowed(ClashRule& rule, double now_us) {
+  std::size_t held = kPeak;
+  while (rule.allows_new_chunk(held, kPeak, 1, now_us)) ++held;
+  return held;
+}
+
+// `count` clashes, each remapped outside a warm-up after `wait_us`, `step_us` apart.
+double clash(ClashRule& rule, int count, double now_us, double step_us, double wait_us = 0) {
+  for (int i = 0; i < count; ++i) {
+    now_us += step_us;
+    rule.count_cost(wait_us);
+    rule.allows_new_chunk(0, kPeak, 1, now_us);
+  }
+  return now_us;
+}
+
+TEST(ClashRule, StartsAtOneTwoHundredthOfThePeakAndFourPages) {
+  ClashRule rule(0);
+  EXPECT_EQ(allowed(rule, 0), kPeak + kPeak / 200 + ClashRule::kPages);
+}
+
+TEST(ClashRule, ClashesThatCostNothingBuyOneHundredthAtMost) {
+  ClashRule rule(0);
+  // A second between clashes: 62 us of remapping a second is far below a tenth of the time.
+  const double now = clash(rule, 100 * static_cast<int>(kPeak), 0, 1e6);
+  EXPECT_EQ(allowed(rule, now), kPeak + kPeak / ClashRule::kRecurringShare + ClashRule::kPages);
+}
+
+TEST(ClashRule, CostlyClashesBuyUpToOneEighth) {
+  ClashRule rule(0);
+  // The clock stands still: the remaps are all the time there is.
+  clash(rule, 100 * static_cast<int>(kPeak), 0, 0);
+  EXPECT_EQ(allowed(rule, 0), kPeak + kPeak / ClashRule::kMinShare + ClashRule::kPages);
+}
+
+TEST(ClashRule, OneCountDoublesTheShareOnce) {
+  ClashRule rule(0);
+  clash(rule, static_cast<int>(kPeak / 2) + 1, 0, 0);  // both bounds reach their first count
+  EXPECT_EQ(allowed(rule, 0), kPeak + kPeak / 100 + ClashRule::kPages);
+}
+
+TEST(ClashRule, WaitsForTheStreamMakeClashesCostly) {
+  // 1 ms apart: the remaps' 62 us alone are cheap; a 1 ms wait before each unmap is not.
+  ClashRule cheap(0), waiting(0);
+  const double end = clash(cheap, 10 * static_cast<int>(kPeak), 0, 1000);
+  clash(waiting, 10 * static_cast<int>(kPeak), 0, 1000, 1000);
+  EXPECT_EQ(allowed(cheap, end), kPeak + kPeak / ClashRule::kRecurringShare + ClashRule::kPages);
+  EXPECT_GT(allowed(waiting, end), kPeak + kPeak / 50 + ClashRule::kPages);
+}
+
+TEST(ClashRule, AQuietStartDoesNotHideALateChurn) {
+  // The engine is made at 0 and clashes start a minute later, back to back: the first window,
+  // found cheap and older than kWindowUs, starts again, and the churn is then found costly.
+  ClashRule rule(0);
+  const double start = 60e6;
+  clash(rule, 20 * static_cast<int>(kPeak), start, 0);
+  EXPECT_EQ(allowed(rule, start), kPeak + kPeak / ClashRule::kMinShare + ClashRule::kPages);
+}
+
+}  // namespace
+}  // namespace gmem::detail
