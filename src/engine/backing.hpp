@@ -85,8 +85,8 @@ class BackingClient {
 //   judged by its quiet start. A program whose layout never repeats (requests of random shapes;
 //   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
 //   it clash less often: BERT serving random requests (bert_serve, H100) held 1.18 times its peak
-//   at 1/8 and ran no faster than at 1.06. A churn of back-to-back mallocs, where remapping is
-//   nearly all the time spent, still buys up to 1/8 and stops stitching.
+//   at 1/8; it holds 1.06, and its remaps cost it about 2% of its time. A churn of back-to-back
+//   mallocs, where remapping is nearly all the time spent, still buys up to 1/8 and settles.
 class ClashRule {
  public:
   static constexpr std::size_t kFirstShare = 200;
