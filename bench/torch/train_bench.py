@@ -13,7 +13,7 @@ ResNet-50 (torchvision, batch 64 at 224x224, SGD, fp32): the programs of tests/d
 (models.py: a 374M-parameter Llama-style decoder, activation checkpointing per layer, batch 8 with
 a sequence length drawn per step from 512..2048, the same lengths for every allocator, bf16
 autocast, AdamW), the program of llama_ckpt_varlen.trace.csv.gz; its warm-up runs each distinct
-length of its timed steps once (see llama_step). gpt2_train_eval and resnet50_train_eval
+length of its timed steps once (see each_length_warmed). gpt2_train_eval and resnet50_train_eval
 (models.py; only when named): three training steps and an evaluation, taking turns.
 Allocators: native (PyTorch's caching allocator), expandable (the same with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and gmem (gmem.torch.enable()).
@@ -79,33 +79,29 @@ def resnet50_step(torch, warmup, steps):
     return step
 
 
-def llama_step(torch, warmup, steps):
-    """The timed steps take llama_lengths(steps); the warm-up runs each distinct length among them
-    once (in order of first appearance; `warmup` is ignored). On an H100 a length's first step took
-    200-300 ms longer than its later ones under native and expandable alike (2026-11-23; cause not
-    established, per-shape kernel set-up most likely), which would otherwise swamp the median."""
-    sys.path.insert(0, HERE)
-    import models
+def each_length_warmed(name, timed_lengths):
+    """models.py's <name>_step over `timed_lengths(models, steps)` as the timed steps, after a
+    warm-up that runs each distinct length among them once (in order of first appearance; the
+    `warmup` argument is ignored). On an H100 a length's first step took 200-300 ms longer than
+    its later ones under native and expandable alike (2026-11-23; cause not established, per-shape
+    kernel set-up most likely), which would otherwise swamp the comparison."""
 
-    warm, timed = models.llama_warm_and_timed(steps)
-    step = models.llama_step(torch, len(warm) + steps, lengths=warm + timed)
-    step.warmup = len(warm)
-    step.varying = True  # steps of different lengths: the total compares allocators, not the median
-    return step
+    def make(torch, warmup, steps):
+        sys.path.insert(0, HERE)
+        import models
+
+        timed = timed_lengths(models, steps)
+        warm = list(dict.fromkeys(timed))
+        step = getattr(models, name + "_step")(torch, len(warm) + steps, lengths=warm + timed)
+        step.warmup = len(warm)
+        step.varying = True  # steps of different lengths: the total compares allocators
+        return step
+
+    return make
 
 
-def bert_varlen_step(torch, warmup, steps):
-    """As llama: the warm-up runs each distinct length of the timed steps once (`warmup` is
-    ignored), so that the timed steps compare allocators, not each length's first-step cost."""
-    sys.path.insert(0, HERE)
-    import models
-
-    timed = models.bert_lengths(steps)
-    warm = list(dict.fromkeys(timed))
-    step = models.bert_varlen_step(torch, len(warm) + steps, lengths=warm + timed)
-    step.warmup = len(warm)
-    step.varying = True
-    return step
+llama_step = each_length_warmed("llama", lambda models, steps: models.llama_lengths(steps))
+bert_varlen_step = each_length_warmed("bert_varlen", lambda models, steps: models.bert_lengths(steps))
 
 
 def models_step(name, varying=True):

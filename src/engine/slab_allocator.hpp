@@ -63,7 +63,6 @@ class SlabAllocator {
   // Takes every kept empty slab out of the classes, for the engine to release (under pressure,
   // empty_cache).
   std::vector<SlabId> take_spares();
-  std::size_t kept_bytes() const { return kept_bytes_; }  // in empty slabs kept
 
   const Slab& slab(SlabId id) const { return slabs_[id]; }
   std::size_t slab_count() const { return slabs_.size(); }
