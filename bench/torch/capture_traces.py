@@ -48,6 +48,12 @@ PROGRAMS = {
     "t5_varlen": ("t5_varlen_step", 24),
     "gpt2_accum": ("gpt2_accum_step", 8),
     "bert_serve": ("bert_serve_step", 12),
+    # held-out, second batch
+    "llama_generate": ("llama_generate_step", 6),
+    "unet": ("unet_step", 12),
+    "convnext_multiscale": ("convnext_multiscale_step", 16),
+    "moe": ("moe_step", 10),
+    "gpt2_compiled": ("gpt2_compiled_step", 10),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Held-out workloads (models.py: vit, bert_varlen, t5_varlen, gpt2_accum, bert_serve), programs
-# gmem's policy was not tuned on: `capture` records each one's allocation trace under the native
-# allocator (and its peaks under expandable segments) for `gmem replay`; `live` runs each under
-# native, expandable and gmem (4 warm-up + 8 timed steps) and prints reserved / allocated, time
-# and gmem's maps step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the
+# Held-out workloads, programs gmem's policy was not tuned on (models.py; by default the first
+# batch: vit, bert_varlen, t5_varlen, gpt2_accum, bert_serve; `batch2` names the second:
+# llama_generate, unet, convnext_multiscale, moe, gpt2_compiled): `capture` records each one's
+# allocation trace under the native allocator (and its peaks under expandable segments) for
+# `gmem replay`; `live` runs each under native, expandable and gmem (4 warm-up + 8 timed steps)
+# and prints reserved / allocated, time and gmem's maps step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the
 # repository root:   bench/torch/heldout.sh capture|live [program...]   (results under $OUT or /tmp)
 set -u
 cd "$(dirname "$0")/../.."
@@ -11,9 +12,10 @@ dir=${OUT:-/tmp}
 mode=${1:-capture}
 shift || true
 programs=${*:-vit bert_varlen t5_varlen gpt2_accum bert_serve}
+[ "$programs" = batch2 ] && programs="llama_generate unet convnext_multiscale moe gpt2_compiled"
 unset PYTORCH_CUDA_ALLOC_CONF GMEM_DEVICE
 if [ "$mode" = capture ]; then
-  python3 bench/torch/capture_traces.py --programs $programs --expandable \
+  python3 bench/torch/capture_traces.py --programs $programs --expandable --timeout 200 \
     --out-dir "$dir" --out "$dir/heldout_capture.jsonl" || echo "FAILED capture"
 else
   source bench/torch/build_gpu.sh

@@ -451,3 +451,252 @@ def bert_serve_step(torch, steps, seed=0):
 
     step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
     return step
+
+
+# --- held-out, second batch (2026-11-24): programs of kinds not captured before ----------------
+
+
+def llama_generate_step(torch, steps, seed=0):
+    """transformers Llama (random init: 8 layers, 1024 wide, 16 heads, grouped-query attention
+    with 4 KV heads, bf16) generate() with its KV cache as a server sees it: each step serves 2
+    requests whose batch (1..16), prompt length (32..1024, left padded) and new tokens (8..96) are
+    drawn at random, under torch.inference_mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                         max_position_embeddings=2048, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+    model = LlamaForCausalLM(config).cuda().eval().to(torch.bfloat16)
+    plan = [[([rng.randint(32, 1024) for _ in range(rng.randint(1, 16))], rng.randint(8, 96))
+             for _ in range(2)] for _ in range(steps)]
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for lengths, new in plan[i]:
+                longest = max(lengths)
+                ids = torch.zeros((len(lengths), longest), dtype=torch.long)
+                mask = torch.zeros((len(lengths), longest), dtype=torch.long)
+                for row, n in enumerate(lengths):
+                    ids[row, longest - n:] = torch.randint(3, config.vocab_size, (n,))
+                    mask[row, longest - n:] = 1
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                tokens += out.shape[1] - longest
+        return float(tokens)
+
+    step.shapes = [" ".join("%dx%d+%d" % (len(l), max(l), n) for l, n in requests)
+                   for requests in plan]
+    return step
+
+
+def _unet(torch, channels=(128, 256, 256, 512), attention_at=(2, 3), groups=32):
+    """A DDPM-style noise-prediction UNet in plain torch: two residual blocks per level (GroupNorm,
+    SiLU, 3x3 convolutions, the timestep's embedding added), self-attention at the lower levels,
+    strided convolutions down, nearest upsampling and skip connections up."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Res(nn.Module):
+        def __init__(self, cin, cout, tdim):
+            super().__init__()
+            self.n1, self.c1 = nn.GroupNorm(groups, cin), nn.Conv2d(cin, cout, 3, padding=1)
+            self.t = nn.Linear(tdim, cout)
+            self.n2, self.c2 = nn.GroupNorm(groups, cout), nn.Conv2d(cout, cout, 3, padding=1)
+            self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+        def forward(self, x, t):
+            h = self.c1(F.silu(self.n1(x))) + self.t(t)[:, :, None, None]
+            return self.skip(x) + self.c2(F.silu(self.n2(h)))
+
+    class Attention(nn.Module):
+        def __init__(self, c, heads=8):
+            super().__init__()
+            self.norm, self.qkv, self.out, self.heads = nn.GroupNorm(groups, c), nn.Linear(c, 3 * c), nn.Linear(c, c), heads
+
+        def forward(self, x):
+            b, c, hh, ww = x.shape
+            h = self.norm(x).flatten(2).transpose(1, 2)
+            q, k, v = self.qkv(h).view(b, hh * ww, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+            h = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, hh * ww, c)
+            return x + self.out(h).transpose(1, 2).reshape(b, c, hh, ww)
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            tdim = channels[0] * 4
+            self.temb = nn.Sequential(nn.Linear(channels[0], tdim), nn.SiLU(), nn.Linear(tdim, tdim))
+            self.inp = nn.Conv2d(3, channels[0], 3, padding=1)
+            self.down, self.up = nn.ModuleList(), nn.ModuleList()
+            skips, c = [channels[0]], channels[0]
+            for level, cout in enumerate(channels):
+                for _ in range(2):
+                    self.down.append(nn.ModuleList([Res(c, cout, tdim),
+                                                    Attention(cout) if level in attention_at else nn.Identity()]))
+                    c = cout
+                    skips.append(c)
+                if level < len(channels) - 1:
+                    self.down.append(nn.Conv2d(c, c, 3, stride=2, padding=1))
+                    skips.append(c)
+            self.mid = nn.ModuleList([Res(c, c, tdim), Attention(c), Res(c, c, tdim)])
+            for level, cout in reversed(list(enumerate(channels))):
+                for _ in range(3):
+                    self.up.append(nn.ModuleList([Res(c + skips.pop(), cout, tdim),
+                                                  Attention(cout) if level in attention_at else nn.Identity()]))
+                    c = cout
+                if level > 0:
+                    self.up.append(nn.Upsample(scale_factor=2, mode="nearest"))
+            self.out = nn.Sequential(nn.GroupNorm(groups, c), nn.SiLU(), nn.Conv2d(c, 3, 3, padding=1))
+
+        def forward(self, x, t):
+            half = channels[0] // 2
+            freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=x.device) / half)
+            t = self.temb(torch.cat([torch.sin(t[:, None] * freqs), torch.cos(t[:, None] * freqs)], 1))
+            h = self.inp(x)
+            hs = [h]
+            for m in self.down:
+                h = m(h) if isinstance(m, nn.Conv2d) else m[1](m[0](h, t))
+                hs.append(h)
+            h = self.mid[2](self.mid[1](self.mid[0](h, t)), t)
+            for m in self.up:
+                h = m(h) if isinstance(m, nn.Upsample) else m[1](m[0](torch.cat([h, hs.pop()], 1), t))
+            return self.out(h)
+
+    return UNet()
+
+
+def unet_step(torch, steps, seed=0, batch=48, size=64):
+    """DDPM training of _unet() on random 64 px images: a random timestep per
+    image, noise added by a cosine schedule, MSE on the noise; bf16 autocast, AdamW. One shape."""
+    torch.manual_seed(seed)
+    model = _unet(torch).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        t = torch.randint(0, 1000, (batch,), device="cuda").float()
+        noise = torch.randn_like(x)
+        a = torch.cos(t / 1000 * math.pi / 2)[:, None, None, None]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(a * x + (1 - a * a).sqrt() * noise, t), noise)
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["batch %d x %d px" % (batch, size)] * steps
+    return step
+
+
+CONVNEXT_SIZES = (160, 192, 224, 256, 288)
+
+
+def convnext_multiscale_step(torch, steps, seed=0, batch=64):
+    """torchvision ConvNeXt-T (random init) multi-scale training: channels_last, fp16 autocast
+    with a GradScaler, SGD with momentum; each step's image size is drawn from CONVNEXT_SIZES."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = torchvision.models.convnext_tiny().cuda().train().to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    sizes = [rng.choice(CONVNEXT_SIZES) for _ in range(steps)]
+
+    def step(i):
+        x = torch.randn(batch, 3, sizes[i], sizes[i], device="cuda").to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["%d px" % s for s in sizes]
+    return step
+
+
+def moe_step(torch, steps, seed=0, batch=8, length=1024, dim=768, layers=6, experts=8, ffn=2048):
+    """A mixture-of-experts decoder in plain torch (6 layers, 768 wide, 8 SwiGLU experts a
+    layer, top-2 routing, causal attention through SDPA), bf16 autocast, AdamW, batch 8 x 1024
+    random tokens: each expert's tokens are gathered, run and scattered back, so the sizes of
+    its blocks follow the router and change in every layer of every step."""
+    nn, F = torch.nn, torch.nn.functional
+    torch.manual_seed(seed)
+
+    class Expert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up, self.down = nn.Linear(dim, 2 * ffn, bias=False), nn.Linear(ffn, dim, bias=False)
+
+        def forward(self, x):
+            g, u = self.gate_up(x).chunk(2, -1)
+            return self.down(F.silu(g) * u)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+            self.router = nn.Linear(dim, experts, bias=False)
+            self.experts = nn.ModuleList(Expert() for _ in range(experts))
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(self.n1(x)).view(b, n, 3, 12, dim // 12).permute(2, 0, 3, 1, 4)
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, dim))
+            h = self.n2(x).view(-1, dim)
+            weights, chosen = torch.topk(self.router(h).softmax(-1), 2, dim=-1)
+            out = torch.zeros_like(h)
+            for e, expert in enumerate(self.experts):
+                rows, slot = torch.nonzero(chosen == e, as_tuple=True)
+                if rows.numel():
+                    out.index_add_(0, rows, expert(h[rows]) * weights[rows, slot, None])
+            return x + out.view(b, n, dim)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.blocks = nn.Embedding(32000, dim), nn.ModuleList(Block() for _ in range(layers))
+            self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 32000, bias=False)
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    model = Model().cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        ids = torch.randint(0, 32000, (batch, length + 1), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids[:, :-1])
+            loss = F.cross_entropy(logits.float().view(-1, 32000), ids[:, 1:].reshape(-1))
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, length)] * steps
+    return step
+
+
+def gpt2_compiled_step(torch, steps, seed=0, batch=8, length=512):
+    """transformers GPT-2 124M (random init) under torch.compile (default mode) training on
+    8 x 512 random tokens, bf16 autocast, AdamW: Inductor's buffers instead of eager's."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().train()
+    compiled = torch.compile(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = compiled(input_ids=ids, labels=ids).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, length)] * steps
+    return step

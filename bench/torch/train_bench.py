@@ -36,7 +36,8 @@ import time
 
 from common import HERE, PYTHON_DIR, emit
 
-HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve")  # models.py
+HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # models.py
+            "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -125,7 +126,11 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "resnet50_train_eval": models_step("resnet50_train_eval"),
          "vit": models_step("vit", varying=False), "gpt2_accum": models_step("gpt2_accum", varying=False),
          "bert_varlen": bert_varlen_step, "t5_varlen": models_step("t5_varlen"),
-         "bert_serve": models_step("bert_serve")}
+         "bert_serve": models_step("bert_serve"), "llama_generate": models_step("llama_generate"),
+         "unet": models_step("unet", varying=False),
+         "convnext_multiscale": models_step("convnext_multiscale"),
+         "moe": models_step("moe", varying=False),
+         "gpt2_compiled": models_step("gpt2_compiled", varying=False)}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {
