@@ -119,7 +119,7 @@ void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
     backing_.release_range(record.arena, record.id);
     return;
   }
-  if (!slabs_.free(record.id, ptr, backing_.peak_used_bytes() / kKeptSlabShare)) return;
+  if (!slabs_.free(record.id, ptr, spare_budget())) return;
   const detail::Slab& slab = slabs_.slab(record.id);
   const auto bytes = static_cast<std::int64_t>(slab.bytes());
   backing_.release_range(slab.arena, slab.node);

@@ -17,6 +17,7 @@
 // made without it (a malloc's maps against another's clash unmap).
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -56,9 +57,16 @@ class Engine::Impl final : private detail::BackingClient {
     return backing_.mapped_ranges();
   }
 
-  // Empty slabs kept (SlabAllocator) may hold up to this share of the most memory ever used at
-  // once (1/1024: 0.1%), beyond each class's first.
+  // Empty slabs kept (SlabAllocator): a class's first may be kept while all of them hold up to
+  // 1/kFirstSpareShare of the most memory ever used at once (0.4%), or kSpareFloor bytes in a
+  // small program; further ones up to 1/kKeptSlabShare (0.1%).
+  static constexpr std::size_t kFirstSpareShare = 256;
   static constexpr std::size_t kKeptSlabShare = 1024;
+  static constexpr std::size_t kSpareFloor = 4 * detail::kSlabTarget;
+  detail::SlabAllocator::KeepBudget spare_budget() const {
+    const std::size_t peak = backing_.peak_used_bytes();
+    return {std::max(peak / kFirstSpareShare, kSpareFloor), peak / kKeptSlabShare};
+  }
 
   Device& device_;
   detail::CaptureHook capture_;  // read before the lock

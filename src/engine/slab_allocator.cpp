@@ -29,15 +29,15 @@ SlabId SlabAllocator::add(std::uint32_t arena, int cls, DevicePtr base, NodeId n
   return id;
 }
 
-bool SlabAllocator::free(SlabId id, DevicePtr ptr, std::size_t keep_bytes) {
+bool SlabAllocator::free(SlabId id, DevicePtr ptr, KeepBudget budget) {
   Slab& s = slabs_[id];
   ClassState& c = classes_[s.arena * kNumClasses + s.cls];
   s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
   if (s.used-- == s.capacity) list(c, id);
   if (s.used > 0) return false;
-  // A class keeps its first empty slab whatever the budget (a malloc/free pair must not carve
-  // and give back a slab each time), further ones within it.
-  if (c.empty.empty() || kept_bytes_ + s.bytes() <= keep_bytes) {
+  // A class's first empty slab has the larger budget (a malloc/free pair should not carve and
+  // give back a slab each time), further ones the smaller.
+  if (kept_bytes_ + s.bytes() <= (c.empty.empty() ? budget.first : budget.more)) {
     c.empty.push_back(id);
     kept_bytes_ += s.bytes();
     // Alone in the list it stays there; among partial slabs it steps aside, so that they fill

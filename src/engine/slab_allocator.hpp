@@ -1,12 +1,15 @@
 // Small blocks: per arena (stream) and size class, slabs of a few equal slots. The fast path
 // pops a free slot from the first slab of the class with room. A slab that empties is kept,
-// empty, for the class to fill again, up to a budget the engine sets (a share of its peak
+// empty, for the class to fill again, up to budgets the engine sets (shares of its peak
 // memory): a slab given back to the large allocator and carved again elsewhere moves the free
 // ranges that large blocks are placed in, and with them the layout of every later step (a loop
-// with gradient accumulation never settled: docs/engine.md, "Held-out traces"). Empty slabs
-// are refilled lowest address first, so which one a class takes depends on where they are, not
-// on the order they emptied in. Beyond the budget, empty slabs go back to the large allocator.
-// Bookkeeping only: the engine carves and backs the slabs' memory.
+// with gradient accumulation never settled: docs/engine.md, "Held-out traces"). A class's first
+// empty slab has the larger budget, its further ones the smaller; neither grows with the number
+// of classes or streams in use (a server whose requests of random shapes touch every class once
+// kept a slab in each: 1.5% of its peak). Empty slabs are refilled lowest address first, so
+// which one a class takes depends on where they are, not on the order they emptied in. Beyond
+// the budgets, empty slabs go back to the large allocator. Bookkeeping only: the engine carves
+// and backs the slabs' memory.
 #pragma once
 
 #include <cstddef>
@@ -55,10 +58,15 @@ class SlabAllocator {
   }
   // Registers a new slab over [base, base + slab bytes) and lists it.
   SlabId add(std::uint32_t arena, int cls, DevicePtr base, NodeId node);
-  // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept (the empty
-  // slabs kept would exceed `keep_bytes`): the caller then gives its range back and calls
-  // remove().
-  bool free(SlabId slab, DevicePtr ptr, std::size_t keep_bytes);
+  // How many bytes of empty slabs may be kept in all: while a class's first empty slab fits in
+  // `first`, and a further one in `more`.
+  struct KeepBudget {
+    std::size_t first = 0;
+    std::size_t more = 0;
+  };
+  // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept (beyond the
+  // budget): the caller then gives its range back and calls remove().
+  bool free(SlabId slab, DevicePtr ptr, KeepBudget budget);
   void remove(SlabId slab);
   // Takes every kept empty slab out of the classes, for the engine to release (under pressure,
   // empty_cache).
