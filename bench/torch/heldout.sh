@@ -4,8 +4,9 @@
 # llama_generate, unet, convnext_multiscale, moe, gpt2_compiled): `capture` records each one's
 # allocation trace under the native allocator (and its peaks under expandable segments) for
 # `gmem replay`; `live` runs each under native, expandable and gmem (4 warm-up + 8 timed steps)
-# and prints reserved / allocated, time and gmem's maps step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the
-# repository root:   bench/torch/heldout.sh capture|live [program...]   (results under $OUT or /tmp)
+# and prints reserved / allocated, time and gmem's maps step by step. docs/engine.md, "Held-out
+# traces". On the GPU machine, from the repository root:
+#   bench/torch/heldout.sh capture|live [batch2|program...]   (results under $OUT or /tmp)
 set -u
 cd "$(dirname "$0")/../.."
 dir=${OUT:-/tmp}
