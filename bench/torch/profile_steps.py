@@ -1,0 +1,56 @@
+"""Where a held-out program's step time goes: models.py's <MODEL>_step, WARM steps run, then
+STEPS steps under torch.profiler, printing wall time and the sum of GPU kernel times (wall above
+kernel time: the GPU waited for the host), and the ops with the most host time of their own.
+ALLOC=native runs PyTorch's allocator; otherwise gmem (GMEM_LIBRARY names the library).
+
+    MODEL=llama_generate WARM=2 STEPS=2 ALLOC=gmem python3 bench/torch/profile_steps.py
+
+Used for docs/engine.md ("Generation ran slower under gmem").
+"""
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    allocator = os.environ.get("ALLOC", "gmem")
+    name = os.environ.get("MODEL", "llama_generate")
+    warm, steps = int(os.environ.get("WARM", "2")), int(os.environ.get("STEPS", "2"))
+    sys.path.insert(0, HERE)
+    if allocator == "gmem":
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+        import gmem.torch
+
+        gmem.torch.enable()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import models
+
+    step = getattr(models, name + "_step")(torch, warm + steps)
+    for i in range(warm):
+        step(i)
+    torch.cuda.synchronize()
+    walls = []
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for i in range(warm, warm + steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(i)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+    kernel_us = sum(getattr(e, "device_time", 0) for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    top = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()),
+                 key=lambda r: -r[1])[:12]
+    print(json.dumps({"model": name, "alloc": allocator, "steps": [warm, warm + steps],
+                      "wall_ms": [round(w * 1e3, 1) for w in walls],
+                      "kernel_ms": round(kernel_us / 1e3, 1),
+                      "top_cpu": [(k, round(t / 1e3, 1), c) for k, t, c in top]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
