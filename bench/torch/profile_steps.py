@@ -1,7 +1,8 @@
 """Where a held-out program's step time goes: models.py's <MODEL>_step, WARM steps run, then
 STEPS steps under torch.profiler, printing wall time and the sum of GPU kernel times (wall above
 kernel time: the GPU waited for the host), and the ops with the most host time of their own.
-ALLOC=native runs PyTorch's allocator; otherwise gmem (GMEM_LIBRARY names the library).
+ALLOC=gmem (the default) runs gmem (GMEM_LIBRARY names the library); any other value, PyTorch's
+own allocator.
 
     MODEL=llama_generate WARM=2 STEPS=2 ALLOC=gmem python3 bench/torch/profile_steps.py
 

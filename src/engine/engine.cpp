@@ -119,11 +119,19 @@ void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
     backing_.release_range(record.arena, record.id);
     return;
   }
-  if (!slabs_.free(record.id, ptr, spare_budget())) return;
-  const detail::Slab& slab = slabs_.slab(record.id);
+  if (slabs_.free(record.id, ptr, spare_budget())) release_slab(record.id);
+  std::vector<detail::SlabId>& evicted = slabs_.evicted();
+  if (!evicted.empty()) [[unlikely]] {
+    for (detail::SlabId id : evicted) release_slab(id);
+    evicted.clear();
+  }
+}
+
+void Engine::Impl::release_slab(detail::SlabId id) {
+  const detail::Slab& slab = slabs_.slab(id);
   const auto bytes = static_cast<std::int64_t>(slab.bytes());
   backing_.release_range(slab.arena, slab.node);
-  slabs_.remove(record.id);
+  slabs_.remove(id);
   accounting_.move_reserved_to_small(-bytes);
 }
 
@@ -134,13 +142,7 @@ void Engine::Impl::process_pending(bool wait) {
 // --- the slow paths that Backing asks for, and the rest of the API -------------------------------
 
 void Engine::Impl::release_spare_slabs() {
-  for (detail::SlabId id : slabs_.take_spares()) {
-    const detail::Slab& slab = slabs_.slab(id);
-    const auto bytes = static_cast<std::int64_t>(slab.bytes());
-    backing_.release_range(slab.arena, slab.node);
-    slabs_.remove(id);
-    accounting_.move_reserved_to_small(-bytes);
-  }
+  for (detail::SlabId id : slabs_.take_spares()) release_slab(id);
 }
 
 void Engine::Impl::reclaim() {

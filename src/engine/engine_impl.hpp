@@ -91,6 +91,7 @@ class Engine::Impl final : private detail::BackingClient {
   DevicePtr malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
                          detail::Record& record);
   void release_record(DevicePtr ptr, const detail::Record& record);
+  void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
   void process_pending(bool wait);
   void release_spare_slabs();
   [[noreturn]] void throw_bad_free(const char* call, DevicePtr ptr) const;

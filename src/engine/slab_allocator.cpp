@@ -29,17 +29,23 @@ SlabId SlabAllocator::add(std::uint32_t arena, int cls, DevicePtr base, NodeId n
   return id;
 }
 
-bool SlabAllocator::free(SlabId id, DevicePtr ptr, KeepBudget budget) {
+bool SlabAllocator::emptied(SlabId id, KeepBudget budget) {
   Slab& s = slabs_[id];
-  ClassState& c = classes_[s.arena * kNumClasses + s.cls];
-  s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
-  if (s.used-- == s.capacity) list(c, id);
-  if (s.used > 0) return false;
+  ClassState& c = class_of(s);
   // A class's first empty slab has the larger budget (a malloc/free pair should not carve and
-  // give back a slab each time), further ones the smaller.
-  if (kept_bytes_ + s.bytes() <= (c.empty.empty() ? budget.first : budget.more)) {
-    c.empty.push_back(id);
-    kept_bytes_ += s.bytes();
+  // give back a slab each time), and where that is full it takes the place of the slabs kept
+  // longest; further ones have the smaller budget.
+  const bool first = c.empty.empty();
+  const std::size_t limit = first ? budget.first : budget.more;
+  while (first && kept_bytes_ + s.bytes() > limit && kept_oldest_ != kNoSlab) {
+    const SlabId old = kept_oldest_;
+    ClassState& oc = class_of(slabs_[old]);
+    if (slabs_[old].listed) unlist(oc, old);
+    unkeep(oc, old);
+    evicted_.push_back(old);
+  }
+  if (kept_bytes_ + s.bytes() <= limit) {
+    keep(c, id);
     // Alone in the list it stays there; among partial slabs it steps aside, so that they fill
     // up first (reuse_spare brings it back when they are full).
     if (c.partial != id || s.next != kNoSlab) unlist(c, id);
@@ -49,12 +55,29 @@ bool SlabAllocator::free(SlabId id, DevicePtr ptr, KeepBudget budget) {
   return true;
 }
 
+void SlabAllocator::keep(ClassState& c, SlabId id) {
+  Slab& s = slabs_[id];
+  c.empty.push_back(id);
+  kept_bytes_ += s.bytes();
+  s.kept_prev = kept_newest_;
+  s.kept_next = kNoSlab;
+  if (kept_newest_ != kNoSlab) slabs_[kept_newest_].kept_next = id;
+  else kept_oldest_ = id;
+  kept_newest_ = id;
+}
+
 void SlabAllocator::unkeep(ClassState& c, SlabId id) {
   for (std::size_t k = 0; k < c.empty.size(); ++k) {
     if (c.empty[k] != id) continue;
     c.empty[k] = c.empty.back();
     c.empty.pop_back();
-    kept_bytes_ -= slabs_[id].bytes();
+    Slab& s = slabs_[id];
+    kept_bytes_ -= s.bytes();
+    if (s.kept_prev != kNoSlab) slabs_[s.kept_prev].kept_next = s.kept_next;
+    else kept_oldest_ = s.kept_next;
+    if (s.kept_next != kNoSlab) slabs_[s.kept_next].kept_prev = s.kept_prev;
+    else kept_newest_ = s.kept_prev;
+    s.kept_prev = s.kept_next = kNoSlab;
     return;
   }
 }
@@ -71,11 +94,13 @@ std::vector<SlabId> SlabAllocator::take_spares() {
   for (ClassState& c : classes_) {
     for (SlabId id : c.empty) {
       if (slabs_[id].listed) unlist(c, id);
+      slabs_[id].kept_prev = slabs_[id].kept_next = kNoSlab;
       spares.push_back(id);
     }
     c.empty.clear();
   }
   kept_bytes_ = 0;
+  kept_oldest_ = kept_newest_ = kNoSlab;
   return spares;
 }
 

@@ -6,7 +6,9 @@
 // with gradient accumulation never settled: docs/engine.md, "Held-out traces"). A class's first
 // empty slab has the larger budget, its further ones the smaller; neither grows with the number
 // of classes or streams in use (a server whose requests of random shapes touch every class once
-// kept a slab in each: 1.5% of its peak). Empty slabs are refilled lowest address first, so
+// kept a slab in each: 1.4% of its peak). Where the budget is full, a class's first empty slab
+// takes the place of the slabs kept longest (a class in use keeps its slab; one touched once
+// gives it up). Empty slabs are refilled lowest address first, so
 // which one a class takes depends on where they are, not on the order they emptied in. Beyond
 // the budgets, empty slabs go back to the large allocator. Bookkeeping only: the engine carves
 // and backs the slabs' memory.
@@ -36,6 +38,7 @@ struct Slab {
   SlabId prev = kNoSlab, next = kNoSlab;  // the class's list of slabs with free slots
   bool listed = false;
   bool live = false;
+  SlabId kept_prev = kNoSlab, kept_next = kNoSlab;  // the kept slabs, oldest first
   std::vector<std::uint32_t> free_slots;  // a stack; host memory only, never the device's
   std::size_t bytes() const { return object_size * capacity; }
 };
@@ -65,8 +68,16 @@ class SlabAllocator {
     std::size_t more = 0;
   };
   // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept (beyond the
-  // budget): the caller then gives its range back and calls remove().
-  bool free(SlabId slab, DevicePtr ptr, KeepBudget budget);
+  // budget): the caller then gives its range back and calls remove(). Kept slabs that made room
+  // for it are then in evicted(), for the caller to give back the same way.
+  bool free(SlabId slab, DevicePtr ptr, KeepBudget budget) {
+    Slab& s = slabs_[slab];
+    s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
+    if (s.used-- == s.capacity) list(class_of(s), slab);
+    if (s.used > 0) [[likely]] return false;
+    return emptied(slab, budget);
+  }
+  std::vector<SlabId>& evicted() { return evicted_; }
   void remove(SlabId slab);
   // Takes every kept empty slab out of the classes, for the engine to release (under pressure,
   // empty_cache).
@@ -83,6 +94,9 @@ class SlabAllocator {
     // slab (so that a malloc/free pair on it does not relist it).
     std::vector<SlabId> empty;
   };
+  ClassState& class_of(const Slab& s) { return classes_[s.arena * kNumClasses + s.cls]; }
+  bool emptied(SlabId id, KeepBudget budget);  // free()'s slow path: keep it, or give it back
+  void keep(ClassState& c, SlabId id);
   bool reuse_spare(ClassState& c);  // lists the lowest kept empty slab, if any
   void unkeep(ClassState& c, SlabId id);  // `id` (kept empty until now) has a slot in use
   void list(ClassState& c, SlabId id);
@@ -93,6 +107,8 @@ class SlabAllocator {
   std::vector<ClassState> classes_;
   std::size_t bytes_ = 0;
   std::size_t kept_bytes_ = 0;
+  SlabId kept_oldest_ = kNoSlab, kept_newest_ = kNoSlab;  // every kept slab, in keeping order
+  std::vector<SlabId> evicted_;
 };
 
 }  // namespace gmem::detail
