@@ -8,10 +8,10 @@
 // of classes or streams in use (a server whose requests of random shapes touch every class once
 // kept a slab in each: 1.4% of its peak). Where the budget is full, a class's first empty slab
 // takes the place of the slabs kept longest (a class in use keeps its slab; one touched once
-// gives it up). Empty slabs are refilled lowest address first, so
-// which one a class takes depends on where they are, not on the order they emptied in. Beyond
-// the budgets, empty slabs go back to the large allocator. Bookkeeping only: the engine carves
-// and backs the slabs' memory.
+// gives it up). Empty slabs are refilled lowest address first, so which one a class takes
+// depends on where they are, not on the order they emptied in. Beyond the budgets, empty slabs
+// go back to the large allocator. Bookkeeping only: the engine carves and backs the slabs'
+// memory.
 #pragma once
 
 #include <cstddef>
