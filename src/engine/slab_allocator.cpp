@@ -25,7 +25,7 @@ SlabId SlabAllocator::add(std::uint32_t arena, int cls, DevicePtr base, NodeId n
   s.free_slots.clear();
   for (std::uint32_t i = s.capacity; i-- > 0;) s.free_slots.push_back(i);  // slot 0 on top
   bytes_ += s.bytes();
-  list(classes_[arena * kNumClasses + static_cast<std::size_t>(cls)], id);
+  list(class_of(arena, cls), id);
   return id;
 }
 

@@ -49,7 +49,7 @@ class SlabAllocator {
 
   // A free slot of class `cls` in `arena`, or 0 when the class has no room left.
   DevicePtr allocate(std::uint32_t arena, int cls, SlabId& slab) {
-    ClassState& c = classes_[arena * kNumClasses + static_cast<std::size_t>(cls)];
+    ClassState& c = class_of(arena, cls);
     if (c.partial == kNoSlab && !reuse_spare(c)) return 0;
     slab = c.partial;
     Slab& s = slabs_[slab];
@@ -94,7 +94,10 @@ class SlabAllocator {
     // slab (so that a malloc/free pair on it does not relist it).
     std::vector<SlabId> empty;
   };
-  ClassState& class_of(const Slab& s) { return classes_[s.arena * kNumClasses + s.cls]; }
+  ClassState& class_of(std::uint32_t arena, int cls) {
+    return classes_[arena * kNumClasses + static_cast<std::size_t>(cls)];
+  }
+  ClassState& class_of(const Slab& s) { return class_of(s.arena, static_cast<int>(s.cls)); }
   bool emptied(SlabId id, KeepBudget budget);  // free()'s slow path: keep it, or give it back
   void keep(ClassState& c, SlabId id);
   bool reuse_spare(ClassState& c);  // lists the lowest kept empty slab, if any
