@@ -24,7 +24,7 @@ constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
     "usage: gmem replay [--json] [--no-plan] [--steps] [--step-at FRAME] [--capacity BYTES]\n"
-    "       [--lag US] [--page-size BYTES] [--passes N]"
+    "       [--lag US] [--page-size BYTES] [--passes N] [--empty-cache] [--strict-empty-cache]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -72,6 +72,10 @@ const char kReplayUsage[] =
     "                    calls and reserved memory: does a program whose phases come back (a\n"
     "                    model built again) settle? Late calls are then the last pass's; the\n"
     "                    smallest capacity is still that of one pass\n"
+    "  --empty-cache     call empty_cache() at each step found, as a program that calls\n"
+    "                    torch.cuda.empty_cache() after every step: what does it cost? (gmem\n"
+    "                    keeps what recent steps used once the calls cost the program time)\n"
+    "  --strict-empty-cache  the same, each call giving back everything (GMEM_EMPTY_CACHE=strict)\n"
     "  --page-size BYTES gmem's page (and chunk) size, a power of two from 2M to 1G (default 2M):\n"
     "                    larger pages cost fewer device calls and stitch more coarsely\n"
     "  --json            one JSON object per trace, one per line\n"
@@ -251,6 +255,11 @@ int replay_command(const Args& args) {
       if (step_frame.empty()) throw UsageError("--step-at takes a frame's text, e.g. models.py:153");
     } else if (a == "--steps") {
       options.record_steps = true;
+    } else if (a == "--empty-cache") {
+      options.empty_cache_each_step = true;
+    } else if (a == "--strict-empty-cache") {
+      options.empty_cache_each_step = true;
+      options.engine.strict_empty_cache = true;
     } else if (a == "--lag") {
       options.lag_us = parse_lag(option_value(args, i));
     } else if (a == "--passes") {

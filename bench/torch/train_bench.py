@@ -147,7 +147,7 @@ def is_oom(torch, error):
             "out of memory" in str(error).lower())
 
 
-def run_one(model, allocator, steps, warmup, cap_bytes=None):
+def run_one(model, allocator, steps, warmup, cap_bytes=None, empty_cache=False):
     # Alone (not under --all), the allocator's setting is made here, before torch starts.
     if allocator == "expandable":
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -172,6 +172,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
                   torch=torch.__version__, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
     if cap_bytes:
         record["cap_bytes"] = int(cap_bytes)
+    if empty_cache:
+        record["empty_cache"] = True
     times, loss = [], None
     maps_after_warmup = None
     per_step = {key: [] for key in PER_STEP_STATS}  # gmem's counters, step by step
@@ -188,6 +190,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             loss = step(i)
+            if empty_cache:  # as programs that call it after every step do, inside the timing
+                torch.cuda.empty_cache()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             step_reserved.append(round(torch.cuda.memory_reserved() / 2**20))
@@ -245,6 +249,8 @@ def run_child(args, model, allocator, cap_bytes=None, cap_ratio=None):
            "--allocator", allocator, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if cap_bytes:
         cmd += ["--cap-bytes", str(cap_bytes)]
+    if args.empty_cache:
+        cmd += ["--empty-cache"]
     began = time.time()
     try:
         result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -328,6 +334,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=150, help="seconds per run (--all, --cap-ratio)")
+    parser.add_argument("--empty-cache", action="store_true",
+                        help="call torch.cuda.empty_cache() after every step (timed with it)")
     parser.add_argument("--out")
     parser.add_argument("--show", nargs="+", metavar="FILE", help="print the runs in these files")
     args = parser.parse_args()
@@ -336,7 +344,8 @@ def main():
     if args.cap_ratio is not None and args.cap_ratio <= 0:
         parser.error("--cap-ratio must be positive")
     if args.model and args.allocator and (args.cap_bytes or not args.cap_ratio):
-        emit(run_one(args.model, args.allocator, args.steps, args.warmup, args.cap_bytes), args.out)
+        emit(run_one(args.model, args.allocator, args.steps, args.warmup, args.cap_bytes, args.empty_cache),
+             args.out)
     elif args.all:
         sys.exit(1 if run_all(args, args.models, args.allocators, uncapped=True) else 0)
     elif args.model and args.cap_ratio:

@@ -34,6 +34,11 @@ struct EngineOptions {
   // per byte, so larger pages make every mapping cheaper and stitching coarser (docs/engine.md,
   // "Page size").
   std::size_t page_size = 0;
+  // empty_cache() gives back every chunk no live block needs, every time. By default it does
+  // so until calls after every step are seen to cost the program time (what one gives back, the
+  // next step creates again), and from then on keeps what was used since the call before
+  // (docs/engine.md, "empty_cache after every step"; MemoryStats::empty_cache_kept_bytes).
+  bool strict_empty_cache = false;
 };
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).

@@ -64,6 +64,10 @@ struct MemoryStats {
   std::int64_t num_maps = 0;            // cuMemMap calls
   std::int64_t num_unmaps = 0;          // cuMemUnmap calls
   std::int64_t num_stitches = 0;        // mallocs that remapped chunks freed elsewhere
+  std::int64_t num_empty_cache = 0;     // empty_cache() calls
+  // Bytes the last empty_cache() kept beyond the pages in use then, because calls after every
+  // step were giving back what the next step created again (EngineOptions::strict_empty_cache).
+  std::int64_t empty_cache_kept_bytes = 0;
   std::int64_t chunks_held = 0;         // physical chunks created and not released
   std::int64_t chunks_mapped = 0;       // chunks mapped at one page or more
   std::int64_t mapped_pages = 0;        // pages mapped (a chunk may be mapped at several)

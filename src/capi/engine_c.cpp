@@ -80,6 +80,7 @@ gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool) {
     handle->context = device_engine->context;
     gmem::EngineOptions options;
     options.memory_limit = device_engine->engine->memory_limit();
+    options.strict_empty_cache = gmem::capi::strict_empty_cache_from_environment();
     // Same Device object as the device's engine: its address ranges land in the same address
     // book (so owner lookups still find the device), its chunks come from the same GPU.
     handle->owned = std::make_unique<gmem::Engine>(*handle->context->device, options);
@@ -137,7 +138,8 @@ gmem_status_t gmem_engine_record_stream(gmem_engine_t* engine, void* ptr, uintpt
 }
 
 gmem_status_t gmem_engine_empty_cache(gmem_engine_t* engine) {
-  return run_guarded("gmem_engine_empty_cache", [&] { engine_of(engine).empty_cache(); });
+  return run_guarded("gmem_engine_empty_cache",
+                     [&] { gmem::capi::empty_cache(engine_of(engine)); });
 }
 
 gmem_status_t gmem_engine_reset_peak_stats(gmem_engine_t* engine) {

@@ -29,5 +29,8 @@ std::string tracked_cause(DeviceContext& context, const MemoryStats& stats);
 // error, and copies text out as gmem_stats_text does.
 gmem_status_t run_guarded(const char* function, const std::function<void()>& body) noexcept;
 void copy_text_out(const std::string& text, char* buf, std::size_t size, std::size_t* needed);
+// engine.empty_cache(), saying on stderr, once a process, when calls after every step have made
+// it keep memory (EmptyCacheRule), and how to make it give back everything.
+void empty_cache(Engine& engine);
 
 }  // namespace gmem::capi

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/byte_count.hpp"
@@ -148,6 +149,7 @@ class Registry {
     context->index = device;
     Opened opened = open_device(device);
     opened.options.page_size = page_size_from_environment();
+    opened.options.strict_empty_cache = strict_empty_cache_from_environment();
     context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
     try {
       context->engine = std::make_unique<Engine>(*context->device, opened.options);
@@ -248,6 +250,16 @@ DeviceContext& context(int device) { return registry().get(device); }
 DeviceContext* owner(const void* ptr) { return registry().owner(ptr); }
 void for_each_context(const std::function<void(DeviceContext&)>& visit) {
   registry().for_each(visit);
+}
+
+// GMEM_EMPTY_CACHE: "strict" makes every empty_cache() give back everything
+// (EngineOptions::strict_empty_cache); unset, empty or "auto": the default rule.
+bool strict_empty_cache_from_environment() {
+  const char* value = std::getenv("GMEM_EMPTY_CACHE");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return false;
+  if (std::string_view(value) == "strict") return true;
+  throw Error(Errc::invalid_argument,
+              std::string("GMEM_EMPTY_CACHE='") + value + "' is not one of: auto, strict");
 }
 
 }  // namespace gmem::capi

@@ -109,7 +109,7 @@ class Accounting {
       for (Stat& stat : *s) stat.reset_accumulated();
     stats.num_alloc_retries = stats.num_ooms = stats.num_device_alloc = 0;
     stats.num_device_free = stats.num_sync_all_streams = 0;
-    stats.num_maps = stats.num_unmaps = stats.num_stitches = 0;
+    stats.num_maps = stats.num_unmaps = stats.num_stitches = stats.num_empty_cache = 0;
   }
 
  private:

@@ -284,7 +284,7 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
       if (p.in_flight) [[unlikely]] ready = false;  // or is being mapped by its malloc still
       return;
     }
-    if (++used_pages_ > peak_used_) peak_used_ = used_pages_;
+    if (++used_pages_ > interval_peak_used_) note_peak_used();
     p.reuse = now - p.last_use;
     p.last_use = now;
     if (p.mapped()) --free_pages_;
@@ -303,7 +303,7 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
       r.refs = 1;
       r.reuse = now - r.last_use;
       r.last_use = now;
-      if ((used_pages_ += n) > peak_used_) peak_used_ = used_pages_;
+      if ((used_pages_ += n) > interval_peak_used_) note_peak_used();
       free_pages_ -= n;
       if (inner_last != last) take(last, std::true_type{});
       if (ready) [[likely]] return true;

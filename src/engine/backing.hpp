@@ -126,8 +126,11 @@ class ClashRule {
         window_start_us_ = now_us;
       }
     }
-    const std::size_t share = std::min(by_count_, by_cost_);
-    return held < peak_used + peak_used / share + kPages;
+    return held < peak_used + allowance(peak_used);
+  }
+  // Chunks the engine may hold beyond `peak_used` pages used at once.
+  std::size_t allowance(std::size_t peak_used) const {
+    return peak_used / std::min(by_count_, by_cost_) + kPages;
   }
 
  private:
@@ -200,6 +203,12 @@ class Backing {
 
   std::size_t granularity() const { return granularity_; }  // the page size: bytes per chunk
   std::size_t peak_used_bytes() const { return peak_used_ * granularity_; }  // most pages used at once
+  // Bytes of chunks that the most pages used at once since begin_interval() need, with the clash
+  // rule's allowance: what empty_cache() keeps once it keeps (EmptyCacheRule).
+  std::size_t interval_need_bytes() const {
+    return (interval_peak_used_ + clash_rule_.allowance(interval_peak_used_)) * granularity_;
+  }
+  void begin_interval() { interval_peak_used_ = used_pages_; }
   std::size_t device_total() const { return device_total_; }
   std::size_t limit() const { return limit_; }
   // A limit in bytes as given (0: the device's total), or Error(invalid_argument) for one above
@@ -361,6 +370,11 @@ class Backing {
   FreedPages freed_pages_;      // where stitching looks for free chunks
   std::size_t used_pages_ = 0;  // pages with refs > 0 (each pins one busy chunk)
   std::size_t peak_used_ = 0;   // most pages used at once
+  std::size_t interval_peak_used_ = 0;  // most pages used at once since begin_interval()
+  void note_peak_used() {  // used_pages_ passed interval_peak_used_ (so perhaps peak_used_ too)
+    interval_peak_used_ = used_pages_;
+    peak_used_ = std::max(peak_used_, used_pages_);
+  }
   std::size_t free_pages_ = 0;  // mapped pages with refs == 0
   std::size_t slow_mallocs_ = 0;  // in map_missing (its lock released at times)
   std::size_t creating_ = 0;      // chunks being created with the lock released

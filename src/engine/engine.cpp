@@ -25,7 +25,7 @@ std::string hex(DevicePtr ptr) {
 Engine::Impl::Impl(Device& device, EngineOptions options)
     : device_(device), streams_(device),
       backing_(device, streams_, accounting_, observer_, *this, options.page_size),
-      cross_stream_(device) {
+      cross_stream_(device), empty_cache_rule_(options.strict_empty_cache) {
   backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
   backing_.set_arena_size(options.address_space);
   accounting_.stats.granularity = static_cast<std::int64_t>(backing_.granularity());
@@ -167,8 +167,26 @@ void Engine::Impl::wait_for_landing() {
 void Engine::Impl::empty_cache() {
   std::lock_guard lock(mutex_);
   if (!cross_stream_.empty()) process_pending(true);
-  release_spare_slabs();
-  backing_.trim_to(0, true);
+  const double began = device_.host_time();
+  const auto created = static_cast<std::uint64_t>(accounting_.stats.num_device_alloc);
+  const std::size_t held = backing_.chunks().held();
+  // With no block live the program is done with what it held (or between passes): all goes.
+  const bool keeps = empty_cache_rule_.keeps(began, created) && live_.size() > 0;
+  const std::size_t keep = empty_cache_rule_.keep_bytes(backing_.interval_need_bytes());
+  if (keeps) {  // what the recent steps needed stays, with the slabs kept
+    backing_.trim_to(keep, true);
+  } else {
+    release_spare_slabs();
+    backing_.trim_to(0, true);
+  }
+  const std::size_t now_held = backing_.chunks().held();
+  empty_cache_rule_.called(began, created, held > now_held ? held - now_held : 0);
+  backing_.begin_interval();
+  ++accounting_.stats.num_empty_cache;
+  accounting_.stats.empty_cache_kept_bytes =
+      keeps ? static_cast<std::int64_t>((now_held - std::min(now_held, backing_.used_pages())) *
+                                        backing_.granularity())
+            : 0;
 }
 
 void Engine::Impl::set_memory_limit(std::size_t bytes) {

@@ -28,6 +28,7 @@
 #include "engine/accounting.hpp"
 #include "engine/backing.hpp"
 #include "engine/blocks.hpp"
+#include "engine/empty_cache_rule.hpp"
 #include "engine/observer.hpp"
 #include "engine/slab_allocator.hpp"
 #include "engine/streams.hpp"
@@ -82,6 +83,7 @@ class Engine::Impl final : private detail::BackingClient {
   detail::PointerMap<detail::Record> live_;
   detail::CrossStreamFrees cross_stream_;  // destroyed before backing_: its events go first
   detail::RecentFrees recent_frees_;
+  detail::EmptyCacheRule empty_cache_rule_;
 
  private:
   // The fast paths (engine.cpp): take the memory for a block and fill in its record (all but

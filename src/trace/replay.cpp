@@ -152,7 +152,9 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   DeviceCounts at_half{};
   std::size_t done = 0, pass = 0;
   std::size_t next_end = 0;  // into options.step_ends, when marking or recording them
-  const std::size_t ends = options.mark_steps || options.record_steps ? options.step_ends.size() : 0;
+  const std::size_t ends = options.mark_steps || options.record_steps || options.empty_cache_each_step
+                               ? options.step_ends.size()
+                               : 0;
   // The figures at `event`, device calls and time counted since `from` (which moves on to now).
   auto figures = [&](std::size_t event, DeviceCounts& from) {
     const DeviceCounts now = DeviceCounts::of(device);
@@ -168,6 +170,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   DeviceCounts at_step{};
   auto end_step = [&](std::size_t event) {
     if (options.mark_steps) engine.mark_step();
+    if (options.empty_cache_each_step) engine.empty_cache();
     if (options.record_steps) r.per_step.push_back(figures(event, at_step));
   };
   // The slots a pass's first `count` ops leave live (a slot is live when its last op mallocs).

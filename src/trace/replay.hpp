@@ -37,6 +37,9 @@ struct ReplayOptions {
   bool mark_steps = false;
   // Fill ReplayResult::per_step: the figures at each of `step_ends` (does the layout settle?).
   bool record_steps = false;
+  // Call Engine::empty_cache() after each of `step_ends`, as a program that calls
+  // torch.cuda.empty_cache() after every step does: what that costs in device calls.
+  bool empty_cache_each_step = false;
   // Runs the whole trace this many times in one engine, freeing what a pass leaves live before
   // the next: a program whose phases come back (a model built again, a sweep in one process).
   // With more than one, the "late" figures are the last pass's (ReplayResult::per_pass).

@@ -381,6 +381,51 @@ class PageSizeTest(unittest.TestCase):
             self.assertIn(says, result.stderr, value)
 
 
+class EmptyCacheTest(unittest.TestCase):
+    """empty_cache() after every step (GMEM_EMPTY_CACHE; a child process each). The simulated
+    device's clock stands still, so giving back and creating again costs all the time there is."""
+
+    CHILD = ("import gmem\n"
+             "parameters = gmem.malloc(1 << 20)\n"
+             "for step in range(6):\n"
+             "    blocks = [gmem.malloc(4 << 20) for _ in range(16)]\n"
+             "    for p in blocks: gmem.free(p)\n"
+             "    maps = gmem.memory_stat('gmem.num_maps')\n"
+             "    gmem.empty_cache()\n"
+             "    print(maps, gmem.memory_reserved(), gmem.memory_stat('gmem.empty_cache_kept_bytes'))\n"
+             "print(gmem.memory_stat('gmem.num_empty_cache'))\n")
+
+    def steps(self, **env):
+        result = run_python(["-c", self.CHILD], **env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.split("\n")
+        rows = [tuple(map(int, line.split())) for line in lines[:6]]
+        self.assertEqual(int(lines[6]), 6)  # gmem.num_empty_cache
+        return rows, result.stderr
+
+    def test_calls_after_every_step_keep_what_the_steps_use_and_say_so(self):
+        rows, stderr = self.steps()
+        self.assertEqual(rows[0][1], 2 * MiB)  # the first call gives back all but the parameters
+        self.assertGreaterEqual(rows[-1][1], 64 * MiB)  # then the steps' memory stays
+        self.assertGreaterEqual(rows[-1][2], 64 * MiB)
+        maps = [row[0] for row in rows]
+        self.assertEqual(maps[-1], maps[-2])  # the last step mapped nothing
+        self.assertEqual(stderr.count("empty_cache() is called after every step"), 1, stderr)
+        self.assertIn("GMEM_EMPTY_CACHE=strict", stderr)
+
+    def test_strict_gives_back_everything_every_time(self):
+        rows, stderr = self.steps(GMEM_EMPTY_CACHE="strict")
+        self.assertEqual([row[1] for row in rows], [2 * MiB] * 6)
+        self.assertEqual([row[2] for row in rows], [0] * 6)
+        self.assertNotIn("empty_cache()", stderr)
+
+    def test_a_bad_setting_is_named(self):
+        result = run_python(["-c", "import gmem; gmem.malloc(1)"], GMEM_EMPTY_CACHE="never")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("GMEM_EMPTY_CACHE='never'", result.stderr)
+        self.assertIn("auto, strict", result.stderr)
+
+
 class SummaryTest(GmemTestCase):
     def test_summary_shows_current_numbers(self):
         ptr = self.malloc(3 * MiB)
