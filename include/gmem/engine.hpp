@@ -76,7 +76,10 @@ class Engine final {
   // nothing changes. docs/engine.md, "Planned step layouts".
   void mark_step();
 
-  // Gives every free chunk back to the device (waits for streams where needed).
+  // Gives every free chunk back to the device (waits for streams where needed). Once calls after
+  // every step are seen to cost the program time (what one gives back, the next step creates
+  // again), a call keeps what the last steps used and gives back the rest, unless
+  // EngineOptions::strict_empty_cache; with no block live it gives back everything.
   void empty_cache();
   void set_memory_limit(std::size_t bytes);  // 0 = the device's total; see EngineOptions
   // Of the device's total, in (0, 1], rounded down to pages; a fraction below one page is refused.

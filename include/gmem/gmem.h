@@ -35,6 +35,8 @@ gmem_status_t gmem_malloc(void** ptr, size_t size, int device, uintptr_t stream)
 gmem_status_t gmem_free(void* ptr);
 gmem_status_t gmem_record_stream(void* ptr, uintptr_t stream);
 
+/* Gives free chunks back to the device: every one, until calls after every step are seen to cost
+   the program time; then what the last steps did not use (GMEM_EMPTY_CACHE=strict: every one). */
 gmem_status_t gmem_empty_cache(int device);
 gmem_status_t gmem_set_memory_limit(int device, size_t bytes);      /* 0 = device total */
 gmem_status_t gmem_set_memory_fraction(int device, double fraction);
