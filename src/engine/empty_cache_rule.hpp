@@ -59,7 +59,6 @@ class EmptyCacheRule {
     created_at_last_ = created;
     released_last_ = released;
   }
-  bool keeping() const { return keeping_; }
   // Bytes a keeping call keeps: the most that the last kWindow intervals needed, this one's
   // (`interval_need`: the pages used since the last call at their peak) included.
   std::size_t keep_bytes(std::size_t interval_need) {

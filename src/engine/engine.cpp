@@ -119,12 +119,11 @@ void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
     backing_.release_range(record.arena, record.id);
     return;
   }
-  if (slabs_.free(record.id, ptr, spare_budget())) release_slab(record.id);
+  if (!slabs_.free(record.id, ptr)) [[likely]] return;
+  if (slabs_.emptied(record.id, spare_budget())) release_slab(record.id);
   std::vector<detail::SlabId>& evicted = slabs_.evicted();
-  if (!evicted.empty()) [[unlikely]] {
-    for (detail::SlabId id : evicted) release_slab(id);
-    evicted.clear();
-  }
+  for (detail::SlabId id : evicted) release_slab(id);
+  evicted.clear();
 }
 
 void Engine::Impl::release_slab(detail::SlabId id) {

@@ -67,16 +67,18 @@ class SlabAllocator {
     std::size_t first = 0;
     std::size_t more = 0;
   };
-  // Frees the slot at `ptr`. Returns true when the slab is now empty and not kept (beyond the
-  // budget): the caller then gives its range back and calls remove(). Kept slabs that made room
-  // for it are then in evicted(), for the caller to give back the same way.
-  bool free(SlabId slab, DevicePtr ptr, KeepBudget budget) {
+  // Frees the slot at `ptr`. Returns true when the slab is now empty: the caller then calls
+  // emptied() (the slow path, out of line).
+  bool free(SlabId slab, DevicePtr ptr) {
     Slab& s = slabs_[slab];
     s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
     if (s.used-- == s.capacity) list(class_of(s), slab);
-    if (s.used > 0) [[likely]] return false;
-    return emptied(slab, budget);
+    return s.used == 0;
   }
+  // A slab free() emptied: kept within `budget`, or not (returns true): the caller then gives its
+  // range back and calls remove(). Kept slabs that made room for it are then in evicted(), for
+  // the caller to give back the same way.
+  bool emptied(SlabId id, KeepBudget budget);
   std::vector<SlabId>& evicted() { return evicted_; }
   void remove(SlabId slab);
   // Takes every kept empty slab out of the classes, for the engine to release (under pressure,
@@ -98,7 +100,6 @@ class SlabAllocator {
     return classes_[arena * kNumClasses + static_cast<std::size_t>(cls)];
   }
   ClassState& class_of(const Slab& s) { return class_of(s.arena, static_cast<int>(s.cls)); }
-  bool emptied(SlabId id, KeepBudget budget);  // free()'s slow path: keep it, or give it back
   void keep(ClassState& c, SlabId id);
   bool reuse_spare(ClassState& c);  // lists the lowest kept empty slab, if any
   void unkeep(ClassState& c, SlabId id);  // `id` (kept empty until now) has a slot in use

@@ -8,17 +8,12 @@
 #include "engine/empty_cache_rule.hpp"
 #include "gmem/engine.hpp"
 #include "gmem/sim_device.hpp"
+#include "sim_calls.hpp"
 
 namespace gmem {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-std::uint64_t mapping_calls(const SimulatedDevice& d) {
-  return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) +
-         d.calls(DeviceCall::unmap) + d.calls(DeviceCall::release_chunk) +
-         d.calls(DeviceCall::set_access);
-}
 
 // A training loop's parameters: blocks live across the steps (a call with none live gives back
 // everything).

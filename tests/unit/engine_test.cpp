@@ -8,6 +8,7 @@
 
 #include "gmem/engine.hpp"
 #include "gmem/sim_device.hpp"
+#include "sim_calls.hpp"
 
 namespace gmem {
 namespace {
@@ -20,12 +21,6 @@ SimDeviceOptions device_of(std::size_t capacity, bool immediate = true) {
   o.capacity = capacity;
   o.streams_complete_immediately = immediate;
   return o;
-}
-
-std::uint64_t mapping_calls(const SimulatedDevice& d) {
-  return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) +
-         d.calls(DeviceCall::unmap) + d.calls(DeviceCall::release_chunk) +
-         d.calls(DeviceCall::set_access);
 }
 
 TEST(Engine, RejectsZeroAndAbsurdSizes) {
