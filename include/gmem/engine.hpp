@@ -85,6 +85,9 @@ class Engine final {
   // Of the device's total, in (0, 1], rounded down to pages; a fraction below one page is refused.
   void set_memory_fraction(double fraction);
   std::size_t memory_limit() const;
+  // The options this engine was made with, memory_limit as it is now: what a pool made beside
+  // it copies (gmem_pool_create), so that one process's settings hold for all its engines.
+  EngineOptions options() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
   // The counters (PyTorch's names and gmem's own), in O(1): what users poll. The fields derived

@@ -78,9 +78,8 @@ gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool) {
     gmem_engine* device_engine = device_handle(device);
     auto handle = std::make_unique<gmem_engine>();
     handle->context = device_engine->context;
-    gmem::EngineOptions options;
-    options.memory_limit = device_engine->engine->memory_limit();
-    options.strict_empty_cache = gmem::capi::strict_empty_cache_from_environment();
+    // The device engine's settings (GMEM_PAGE_SIZE, GMEM_EMPTY_CACHE, its memory limit now).
+    const gmem::EngineOptions options = device_engine->engine->options();
     // Same Device object as the device's engine: its address ranges land in the same address
     // book (so owner lookups still find the device), its chunks come from the same GPU.
     handle->owned = std::make_unique<gmem::Engine>(*handle->context->device, options);

@@ -122,6 +122,7 @@ gmem_status_t run_guarded(const char* function, const std::function<void()>& bod
 void empty_cache(Engine& engine) {
   engine.empty_cache();
   static std::atomic<bool> said{false};
+  if (said.load(std::memory_order_relaxed)) return;  // said once: the stats are not read again
   const MemoryStats s = engine.stats();
   if (s.empty_cache_kept_bytes == 0 || said.exchange(true)) return;
   std::fprintf(stderr,

@@ -133,6 +133,16 @@ std::size_t page_size_from_environment() {
   return static_cast<std::size_t>(*bytes);
 }
 
+// GMEM_EMPTY_CACHE: "strict" makes every empty_cache() give back everything
+// (EngineOptions::strict_empty_cache); unset, empty or "auto": the default rule.
+bool strict_empty_cache_from_environment() {
+  const char* value = std::getenv("GMEM_EMPTY_CACHE");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return false;
+  if (std::string_view(value) == "strict") return true;
+  throw Error(Errc::invalid_argument,
+              std::string("GMEM_EMPTY_CACHE='") + value + "' is not one of: auto, strict");
+}
+
 class Registry {
  public:
   Registry() : backend_(backend_from_environment()) {}
@@ -250,16 +260,6 @@ DeviceContext& context(int device) { return registry().get(device); }
 DeviceContext* owner(const void* ptr) { return registry().owner(ptr); }
 void for_each_context(const std::function<void(DeviceContext&)>& visit) {
   registry().for_each(visit);
-}
-
-// GMEM_EMPTY_CACHE: "strict" makes every empty_cache() give back everything
-// (EngineOptions::strict_empty_cache); unset, empty or "auto": the default rule.
-bool strict_empty_cache_from_environment() {
-  const char* value = std::getenv("GMEM_EMPTY_CACHE");
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return false;
-  if (std::string_view(value) == "strict") return true;
-  throw Error(Errc::invalid_argument,
-              std::string("GMEM_EMPTY_CACHE='") + value + "' is not one of: auto, strict");
 }
 
 }  // namespace gmem::capi

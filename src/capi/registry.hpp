@@ -41,8 +41,4 @@ DeviceContext* owner(const void* ptr);
 // Every context created so far, in creation order.
 void for_each_context(const std::function<void(DeviceContext&)>& visit);
 
-// GMEM_EMPTY_CACHE: "strict" (EngineOptions::strict_empty_cache) or "auto" (unset, empty: the
-// default); anything else is refused (Error(invalid_argument) naming the variable).
-bool strict_empty_cache_from_environment();
-
 }  // namespace gmem::capi

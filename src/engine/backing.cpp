@@ -249,10 +249,10 @@ void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes
       freed_pages_.add(page_id(arena, static_cast<std::uint32_t>(i)), p);
     }
   };
-  if (last - first + 1 >= kMinRunPages) [[unlikely]] {
+  if (last - first + 1 >= PageRuns::kMinPages) [[unlikely]] {
     const auto [inner_first, inner_last] = interior(arena, addr, bytes, first, last);
-    if (const std::uint32_t run = run_at(pages, inner_first, inner_last);
-        run != kNoRun && runs_[run].refs == 1) {
+    if (const std::uint32_t run = runs_.at(pages, inner_first, inner_last);
+        run != PageRuns::kNone && runs_[run].refs == 1) {
       // The run's pages all fall to 0 at once: mapped, and listed as freed already.
       if (inner_first != first) put(first, std::true_type{});
       PageRun& r = runs_[run];
@@ -265,7 +265,7 @@ void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes
       return;
     }
   }
-  if (live_runs_ == 0) [[likely]] {
+  if (!runs_.any()) [[likely]] {
     for (std::size_t i = first; i <= last; ++i) put(i, std::false_type{});
   } else {
     for (std::size_t i = first; i <= last; ++i) put(i, std::true_type{});
@@ -292,10 +292,10 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
     // twice through two of its pages.
     ready &= p.mapped() && page_ready(arena, i, p);
   };
-  if (last - first + 1 >= kMinRunPages) [[unlikely]] {
+  if (last - first + 1 >= PageRuns::kMinPages) [[unlikely]] {
     const auto [inner_first, inner_last] = interior(arena, addr, bytes, first, last);
-    if (const std::uint32_t run = run_at(pages, inner_first, inner_last);
-        run != kNoRun && runs_[run].refs == 0) {
+    if (const std::uint32_t run = runs_.at(pages, inner_first, inner_last);
+        run != PageRuns::kNone && runs_[run].refs == 0) {
       // Taken the same way before: its interior pages are mapped, unaliased, ready.
       if (inner_first != first) take(first, std::true_type{});
       PageRun& r = runs_[run];
@@ -312,10 +312,10 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
     }
     for (std::size_t i = first; i <= last; ++i) take(i, std::true_type{});
     if (!ready) return map_missing(arena, addr, bytes);
-    make_run(arena, inner_first, inner_last);
+    runs_.make(arena, pages, inner_first, inner_last);
     return true;
   }
-  if (live_runs_ == 0) [[likely]] {
+  if (!runs_.any()) [[likely]] {
     for (std::size_t i = first; i <= last; ++i) take(i, std::false_type{});
   } else {
     for (std::size_t i = first; i <= last; ++i) take(i, std::true_type{});
@@ -330,58 +330,6 @@ std::pair<std::size_t, std::size_t> Backing::interior(std::uint32_t arena, Devic
   const DevicePtr base = arenas_[arena]->ranges.base();
   return {addr == base + (first << page_shift_) ? first : first + 1,
           addr + bytes == base + ((last + 1) << page_shift_) ? last : last - 1};
-}
-
-void Backing::make_run(std::uint32_t arena, std::size_t first, std::size_t last) {
-  if (last < first || last - first + 1 < kMinRunPages) return;
-  PageTable& pages = arenas_[arena]->pages;
-  const Page& head = pages.at(first);
-  const std::uint64_t free_seq = head.free_seq;
-  const std::uint32_t last_use = head.last_use, reuse = head.reuse;
-  for (std::size_t i = first; i <= last; ++i) {
-    const Page& p = pages.at(i);
-    if (!p.mapped() || p.aliased || !p.listed || p.in_run || p.free_seq != free_seq ||
-        p.reuse != reuse || p.last_use != last_use || p.refs != 1)
-      return;
-  }
-  std::uint32_t index;
-  if (!unused_runs_.empty()) {
-    index = unused_runs_.back();
-    unused_runs_.pop_back();
-  } else {
-    try {
-      runs_.emplace_back();
-      unused_runs_.reserve(runs_.size());  // so that end_run never allocates
-    } catch (...) {  // no run: the pages keep their own fields, as before
-      if (runs_.size() > unused_runs_.capacity()) runs_.pop_back();
-      return;
-    }
-    index = static_cast<std::uint32_t>(runs_.size() - 1);
-  }
-  runs_[index] = PageRun{arena, static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(last),
-                         1, free_seq, last_use, reuse, true};
-  ++live_runs_;
-  for (std::size_t i = first; i <= last; ++i) {
-    Page& p = pages.at(i);
-    p.in_run = 1;
-    p.last_use = index;
-  }
-}
-
-void Backing::end_run(std::uint32_t index) {
-  PageRun& run = runs_[index];
-  PageTable& pages = arenas_[run.arena]->pages;
-  for (std::size_t i = run.first; i <= run.last; ++i) {
-    Page& p = pages.at(i);
-    p.refs = run.refs & 1u;
-    p.free_seq = run.free_seq;
-    p.last_use = run.last_use;
-    p.reuse = run.reuse;
-    p.in_run = 0;
-  }
-  run.live = false;
-  --live_runs_;
-  unused_runs_.push_back(index);
 }
 
 // back_pages' slow path, with every page's reference taken: remap the pages whose chunk is busy

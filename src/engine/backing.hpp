@@ -23,8 +23,11 @@
 
 #include "engine/accounting.hpp"
 #include "engine/chunk_pool.hpp"
+#include "engine/clash_rule.hpp"
 #include "engine/freed_pages.hpp"
+#include "engine/map_job.hpp"
 #include "engine/observer.hpp"
+#include "engine/page_runs.hpp"
 #include "engine/page_table.hpp"
 #include "engine/plan_region.hpp"
 #include "engine/range_allocator.hpp"
@@ -65,128 +68,8 @@ class BackingClient {
   ~BackingClient() = default;
 };
 
-// When a page that had to be remapped twice (its chunk was busy elsewhere when it was needed)
-// gets a new chunk rather than another free one: while reserved memory stays within a share of
-// the most pages ever used at once (1/share, plus kPages). Without it, a layout whose pages take
-// turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35 pages a step).
-//
-// The share starts at 1/kFirstShare and grows in two ways, the larger of the two holding
-// (docs/engine.md, "What clashes cost"):
-// - By count, up to 1/kRecurringShare: each time the clashes reach half the pages in use, a clash
-//   at a page that clashed kRecurring times before counting kRecurringWeight times, the share
-//   doubles. A loop whose pages take turns in a fixed pattern needs a few more chunks than pages
-//   and settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
-// - By cost, up to 1/kMinShare: at each such count the share doubles if remapping since it last
-//   did took more than 1/kCostlyShare of the host time since then: every clash outside a warm-up,
-//   priced kClashUs, and the waits for the stream before its unmap, as measured (with the time
-//   spent getting the engine's lock back). The time is the device's clock: the steady clock on a
-//   GPU, the modelled one in a replay (one that never moves makes every clash costly). A window
-//   found cheap and older than kWindowUs starts again, so a program that clashes late is not
-//   judged by its quiet start. A program whose layout never repeats (requests of random shapes;
-//   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
-//   it clash less often: BERT serving random requests (bert_serve, H100) held 1.18 times its peak
-//   at 1/8; it holds 1.06, and its remaps cost it about 2% of its time. A churn of back-to-back
-//   mallocs, where remapping is nearly all the time spent, still buys up to 1/8 and settles.
-class ClashRule {
- public:
-  static constexpr std::size_t kFirstShare = 200;
-  static constexpr std::size_t kRecurringShare = 100;
-  static constexpr std::size_t kMinShare = 8;
-  static constexpr std::size_t kPages = 4;
-  static constexpr std::uint32_t kRecurring = 7;
-  static constexpr std::size_t kRecurringWeight = 64;
-  static constexpr double kClashUs = 62;  // cuMemUnmap 22 + cuMemMap 2 + cuMemSetAccess 38 (H100)
-  static constexpr double kCostlyShare = 10;
-  static constexpr double kWindowUs = 30e6;
-  explicit ClashRule(double start_us) : window_start_us_(start_us) {}
 
-  // A page was remapped outside a warm-up, after waiting `waited_us` for its stream.
-  void count_cost(double waited_us) {
-    ++window_clashes_;
-    window_waits_us_ += std::max(0.0, waited_us);
-  }
-  // A page clashed again (`clashes_before` > 0 times before); may it have a new chunk, with
-  // `held` chunks held now? `now_us`: the device's host clock.
-  bool allows_new_chunk(std::size_t held, std::size_t peak_used, std::uint32_t clashes_before,
-                        double now_us) {
-    weighted_ += clashes_before >= kRecurring ? kRecurringWeight : 1;
-    if (weighted_ > peak_used / 2) {
-      weighted_ = 0;
-      if (by_count_ > kRecurringShare) by_count_ = std::max(kRecurringShare, by_count_ / 2);
-    }
-    if (++since_weighed_ > peak_used / 2) {
-      since_weighed_ = 0;
-      const double spent_us = static_cast<double>(window_clashes_) * kClashUs + window_waits_us_;
-      const double window_us = now_us - window_start_us_;
-      const bool costly = spent_us * kCostlyShare > window_us;
-      if (costly && by_cost_ > kMinShare) by_cost_ = std::max(kMinShare, by_cost_ / 2);
-      if (costly || window_us > kWindowUs) {
-        window_clashes_ = 0;
-        window_waits_us_ = 0;
-        window_start_us_ = now_us;
-      }
-    }
-    return held < peak_used + allowance(peak_used);
-  }
-  // Chunks the engine may hold beyond `peak_used` pages used at once.
-  std::size_t allowance(std::size_t peak_used) const {
-    return peak_used / std::min(by_count_, by_cost_) + kPages;
-  }
 
- private:
-  std::size_t by_count_ = kFirstShare;  // the share's two bounds: 1/by_count_, 1/by_cost_
-  std::size_t by_cost_ = kFirstShare;
-  std::size_t weighted_ = 0;            // clashes towards the next count, recurring ones weighted
-  std::size_t since_weighed_ = 0;       // clashes since the cost was last weighed
-  std::size_t window_clashes_ = 0;      // remaps in the cost's window, and their waits
-  double window_waits_us_ = 0;
-  double window_start_us_;
-};
-
-// The maps of one malloc's slow path and set_access over each contiguous run of them, booked
-// first and made at its end with the engine's lock released. map_missing decides everything
-// under the lock (which chunk goes where; the books say so at once) and lands the job under it
-// again: a failure is rolled back from the books. Until then a page is mapped in the books but
-// not on the device, and its chunk busy through the malloc's reference.
-struct MapJob {
-  std::uint32_t arena = 0;
-  DevicePtr base = 0;                // the arena's base: read without the lock
-  std::vector<std::uint32_t> pages;  // page indices in the arena, in address order
-  std::vector<ChunkHandle> chunks;   // the chunk to map at each
-  std::vector<std::uint8_t> undone;  // 1: mapped, then unmapped again when the job failed
-  std::size_t mapped = 0;            // how many of pages the device has mapped
-  std::size_t accessible = 0;        // how many of those have their access set
-  std::exception_ptr error;          // what the device threw, if it did
-  // Calls visit(first, count) for each run of contiguous pages among pages[0, end).
-  template <class F>
-  void for_each_run(std::size_t end, F&& visit) const {
-    for (std::size_t k = 0; k < end;) {
-      std::size_t stop = k + 1;
-      while (stop < end && pages[stop] == pages[stop - 1] + 1) ++stop;
-      visit(k, stop - k);
-      k = stop;
-    }
-  }
-};
-
-// The interior pages of a large range (each wholly inside it: refs is 0 or 1 for all of them
-// at once), kept as one record while only the fast path touches them, so that taking and giving
-// back the same range again costs O(1) instead of a pass over its pages. A run is made when a
-// range's interior pages come out of a malloc's pass alike (mapped, unaliased, listed as freed,
-// the same stamp and reuse): the range was used before, and a step that repeats will take it
-// again. Its pages are marked (Page::in_run) and hold the run's index in last_use; anything but
-// the fast path that looks at one of them first writes the run's fields back into its pages
-// (settle), which ends the run. A run's pages stay mapped, unaliased and listed while it lasts:
-// only slow paths change those, and they settle first.
-struct PageRun {
-  std::uint32_t arena = 0;
-  std::uint32_t first = 0, last = 0;  // page indices in the arena, inclusive
-  std::uint32_t refs = 0;             // of each of its pages: 0 or 1
-  std::uint64_t free_seq = 0;
-  std::uint32_t last_use = 0;
-  std::uint32_t reuse = 0;
-  bool live = false;
-};
 
 class Backing {
  public:
@@ -297,21 +180,12 @@ class Backing {
   std::pair<std::size_t, std::size_t> interior(std::uint32_t arena, DevicePtr addr,
                                                std::size_t bytes, std::size_t first,
                                                std::size_t last) const;
-  // The run that is exactly the interior pages [first, last] of a range, or kNoRun.
-  std::uint32_t run_at(const PageTable& pages, std::size_t first, std::size_t last) const {
-    if (last < first || last - first + 1 < kMinRunPages) return kNoRun;
-    const Page& p = pages.get(first);
-    if (!p.in_run) return kNoRun;
-    const PageRun& run = runs_[p.last_use];
-    return run.first == first && run.last == last ? p.last_use : kNoRun;
-  }
-  // Makes [first, last] (interior pages just taken, ready) a run if they are alike.
-  void make_run(std::uint32_t arena, std::size_t first, std::size_t last);
-  void end_run(std::uint32_t index);  // writes its fields back into its pages
+  // Ends the run a page is in, if any, before anything but the fast path looks at the page.
   void settle(Page& p) {
     if (p.in_run) [[unlikely]] end_run(p.last_use);
   }
-  std::uint32_t refs_of(const Page& p) const { return p.in_run ? runs_[p.last_use].refs : p.refs; }
+  void end_run(std::uint32_t index) { runs_.end(index, arenas_[runs_[index].arena]->pages); }
+  std::uint32_t refs_of(const Page& p) const { return runs_.refs_of(p); }
   bool map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes);  // back_pages' slow path
   // map_missing's steps: decide and book every map (the maps go to `job`; false on OOM, with the
   // range's references given back); make the job's calls (without the engine's lock, holding
@@ -388,12 +262,7 @@ class Backing {
   };
   std::uint32_t clock_ = 0;     // ranges taken so far (wraps): the pages' time of use
   ClashRule clash_rule_;
-  // Runs shorter than this are not worth a record: a pass over them costs a few hundred ns.
-  static constexpr std::size_t kMinRunPages = 64;
-  static constexpr std::uint32_t kNoRun = ~std::uint32_t{0};
-  std::vector<PageRun> runs_;
-  std::vector<std::uint32_t> unused_runs_;
-  std::size_t live_runs_ = 0;  // none: the passes over pages need not look for runs
+  PageRuns runs_;  // large ranges' interior pages, one record each
   // Planned step layouts: the planner, the stream whose steps it records, and the plan region
   // (an arena of that stream that online placement never uses).
   static constexpr std::uint32_t kNoArena = ~std::uint32_t{0};

@@ -23,7 +23,7 @@ std::string hex(DevicePtr ptr) {
 }  // namespace
 
 Engine::Impl::Impl(Device& device, EngineOptions options)
-    : device_(device), streams_(device),
+    : device_(device), options_(options), streams_(device),
       backing_(device, streams_, accounting_, observer_, *this, options.page_size),
       cross_stream_(device), empty_cache_rule_(options.strict_empty_cache) {
   backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
@@ -266,6 +266,11 @@ void Engine::set_memory_fraction(double fraction) {
 std::size_t Engine::memory_limit() const {
   std::lock_guard lock(impl_->mutex_);
   return impl_->backing_.limit();
+}
+EngineOptions Engine::options() const {
+  EngineOptions options = impl_->options_;
+  options.memory_limit = memory_limit();
+  return options;
 }
 void Engine::reset_peak_stats() { impl_->reset_peak_stats(); }
 void Engine::reset_accumulated_stats() { impl_->reset_accumulated_stats(); }

@@ -149,7 +149,8 @@ std::int64_t Backing::check_invariants() const {
       if (p_refs > 0 && !p.mapped()) violated("a used page is not mapped");
       used += p_refs > 0;
       if (p.in_run) {
-        if (p.last_use >= runs_.size() || !runs_[p.last_use].live) violated("a page is in no live run");
+        if (p.last_use >= runs_.records().size() || !runs_[p.last_use].live)
+          violated("a page is in no live run");
         const PageRun& run = runs_[p.last_use];
         if (run.arena != a || i < run.first || i > run.last) violated("a page is outside its run");
         if (!p.mapped() || p.aliased || !p.listed) violated("a run's page is unmapped, aliased or not listed");
@@ -173,11 +174,12 @@ std::int64_t Backing::check_invariants() const {
     if (seen_refs != refs[a].size()) violated("a used page was never written");
   }
   std::size_t in_runs = 0;
-  for (const PageRun& run : runs_) in_runs += run.live ? run.last - run.first + 1 : 0;
+  const std::vector<PageRun>& runs = runs_.records();
+  for (const PageRun& run : runs) in_runs += run.live ? run.last - run.first + 1 : 0;
   if (in_runs != run_pages) violated("a run's pages are not all marked");
   const auto live_runs = static_cast<std::size_t>(
-      std::count_if(runs_.begin(), runs_.end(), [](const PageRun& r) { return r.live; }));
-  if (runs_.size() - unused_runs_.size() != live_runs || live_runs != live_runs_)
+      std::count_if(runs.begin(), runs.end(), [](const PageRun& r) { return r.live; }));
+  if (runs.size() - runs_.unused() != live_runs || live_runs != runs_.live())
     violated("run counts drifted");
   std::size_t held = 0, listed_maps = 0, spare = 0;
   for (ChunkId id = 0; id < chunks_.slots(); ++id) {

@@ -70,6 +70,7 @@ class Engine::Impl final : private detail::BackingClient {
   }
 
   Device& device_;
+  const EngineOptions options_;  // as made; Backing holds the memory limit as it is now
   detail::CaptureHook capture_;  // read before the lock
   mutable std::mutex mutex_;     // guards everything below
   // Signalled when a malloc's slow path ends (Backing::map_missing releases the lock while it

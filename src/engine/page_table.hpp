@@ -36,7 +36,7 @@ struct Page {
   std::uint32_t clashes : 4 = 0;
   std::uint32_t listed : 1 = 0;   // has an entry in the engine's FreedPages
   // In one of Backing's page runs: refs, free_seq, last_use and reuse are the run's (this
-  // page's are stale), and last_use holds the run's index (backing.hpp).
+  // page's are stale), and last_use holds the run's index (page_runs.hpp).
   std::uint32_t in_run : 1 = 0;
   std::uint64_t free_seq = 0;  // the arena's stream's free stamp when refs last fell to 0
   // When the page was last taken into use and how long before that the previous time, on the

@@ -372,6 +372,26 @@ class PageSizeTest(unittest.TestCase):
             self.assertEqual(granularity, page, value)
             self.assertEqual(reserved, page, value)  # a 3 MiB block: one page
 
+    # A pool (gmem_pool_create: CUDA graphs, torch.cuda.MemPool) has its device engine's pages.
+    # gmem_engine_stats_t: nine stat arrays of three gmem_stat_t (four int64 each), then five
+    # counters, memory_limit and granularity; reserved_bytes is the sixth array.
+    POOL_CHILD = (
+        "import ctypes, gmem; from gmem import _lib; L = _lib.lib(); gmem.malloc(1); "
+        "pool = ctypes.c_void_p(); p = ctypes.c_void_p(); stats = (ctypes.c_int64 * 128)(); "
+        "assert L.gmem_pool_create(0, ctypes.byref(pool)) == 0, _lib.last_error(); "
+        "assert L.gmem_engine_malloc(pool, ctypes.byref(p), ctypes.c_size_t(3 << 20), "
+        "ctypes.c_size_t(0)) == 0, _lib.last_error(); "
+        "assert L.gmem_engine_stats(pool, 0, stats) == 0, _lib.last_error(); "
+        "print(stats[9 * 3 * 4 + 5 + 1], stats[5 * 3 * 4]); "
+        "L.gmem_engine_free(pool, p); L.gmem_pool_destroy(pool)")
+
+    def test_pools_have_the_device_engines_pages(self):
+        result = run_python(["-c", self.POOL_CHILD], GMEM_PAGE_SIZE="8M")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        granularity, reserved = map(int, result.stdout.split())
+        self.assertEqual(granularity, 8 * MiB)
+        self.assertEqual(reserved, 8 * MiB)  # reserved_bytes[all]: a 3 MiB block, one page
+
     def test_a_bad_page_size_is_named(self):
         for value, says in (("3M", "power of two"), ("1M", "power of two"), ("8X", "byte count"),
                             ("-8M", "byte count"), ("4G", "power of two")):

@@ -1,8 +1,8 @@
-// ClashRule (src/engine/backing.hpp): how far the engine may buy chunks for pages that had to be
+// ClashRule (src/engine/clash_rule.hpp): how far the engine may buy chunks for pages that had to be
 // remapped twice. 1000 pages in use at the peak; each call is one clash at such a page.
 #include <gtest/gtest.h>
 
-#include "engine/backing.hpp"
+#include "engine/clash_rule.hpp"
 
 namespace gmem::detail {
 namespace {

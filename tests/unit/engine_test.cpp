@@ -280,7 +280,27 @@ TEST(Engine, RejectsAPageSizeThatIsNotAPowerOfTwoMultipleOfTheGranularity) {
   engine.check_invariants();
 }
 
-// Large blocks taken again the same way keep their interior pages as one run (backing.hpp):
+// Engine::options(): what a pool made beside an engine copies (gmem_pool_create), so the settings
+// a process was started with (GMEM_PAGE_SIZE, GMEM_EMPTY_CACHE) hold for its pools too.
+TEST(Engine, ReportsTheOptionsItWasMadeWithAndItsLimitNow) {
+  SimulatedDevice device;
+  const EngineOptions made{.memory_limit = 512 * MiB, .address_space = 4 * GiB,
+                           .page_size = 8 * MiB, .strict_empty_cache = true};
+  Engine engine(device, made);
+  EngineOptions seen = engine.options();
+  EXPECT_EQ(seen.memory_limit, 512 * MiB);
+  EXPECT_EQ(seen.address_space, 4 * GiB);
+  EXPECT_EQ(seen.page_size, 8 * MiB);
+  EXPECT_TRUE(seen.strict_empty_cache);
+  engine.set_memory_limit(256 * MiB);
+  EXPECT_EQ(engine.options().memory_limit, 256 * MiB);
+  Engine pool(device, engine.options());  // as gmem_pool_create makes one
+  EXPECT_EQ(pool.stats().granularity, static_cast<std::int64_t>(8 * MiB));
+  EXPECT_EQ(pool.memory_limit(), 256 * MiB);
+  EXPECT_FALSE(Engine(device).options().strict_empty_cache);
+}
+
+// Large blocks taken again the same way keep their interior pages as one run (page_runs.hpp):
 // their malloc and free then skip the pass over the pages. Runs must be invisible: the same
 // invariants, no device calls once the loop repeats, and the slow paths (stealing a run's
 // chunk, trimming, other streams, record_stream) see the pages as if no run had been made.

@@ -1,0 +1,91 @@
+// ClashRule: how many chunks the engine may hold beyond the most pages it ever used at once, so
+// that pages that keep clashing (their chunk busy elsewhere when they are needed) get chunks of
+// their own. Backing asks it before it buys a chunk for such a page; docs/engine.md, "What
+// clashes cost", has the measurements behind its numbers.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace gmem::detail {
+
+// When a page that had to be remapped twice (its chunk was busy elsewhere when it was needed)
+// gets a new chunk rather than another free one: while reserved memory stays within a share of
+// the most pages ever used at once (1/share, plus kPages). Without it, a layout whose pages take
+// turns at fewer chunks than they need keeps stitching every step (resnet50 did, 35 pages a step).
+//
+// The share starts at 1/kFirstShare and grows in two ways, the larger of the two holding
+// (docs/engine.md, "What clashes cost"):
+// - By count, up to 1/kRecurringShare: each time the clashes reach half the pages in use, a clash
+//   at a page that clashed kRecurring times before counting kRecurringWeight times, the share
+//   doubles. A loop whose pages take turns in a fixed pattern needs a few more chunks than pages
+//   and settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
+// - By cost, up to 1/kMinShare: at each such count the share doubles if remapping since it last
+//   did took more than 1/kCostlyShare of the host time since then: every clash outside a warm-up,
+//   priced kClashUs, and the waits for the stream before its unmap, as measured (with the time
+//   spent getting the engine's lock back). The time is the device's clock: the steady clock on a
+//   GPU, the modelled one in a replay (one that never moves makes every clash costly). A window
+//   found cheap and older than kWindowUs starts again, so a program that clashes late is not
+//   judged by its quiet start. A program whose layout never repeats (requests of random shapes;
+//   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
+//   it clash less often: BERT serving random requests (bert_serve, H100) held 1.18 times its peak
+//   at 1/8; it holds 1.06, and its remaps cost it about 2% of its time. A churn of back-to-back
+//   mallocs, where remapping is nearly all the time spent, still buys up to 1/8 and settles.
+class ClashRule {
+ public:
+  static constexpr std::size_t kFirstShare = 200;
+  static constexpr std::size_t kRecurringShare = 100;
+  static constexpr std::size_t kMinShare = 8;
+  static constexpr std::size_t kPages = 4;
+  static constexpr std::uint32_t kRecurring = 7;
+  static constexpr std::size_t kRecurringWeight = 64;
+  static constexpr double kClashUs = 62;  // cuMemUnmap 22 + cuMemMap 2 + cuMemSetAccess 38 (H100)
+  static constexpr double kCostlyShare = 10;
+  static constexpr double kWindowUs = 30e6;
+  explicit ClashRule(double start_us) : window_start_us_(start_us) {}
+
+  // A page was remapped outside a warm-up, after waiting `waited_us` for its stream.
+  void count_cost(double waited_us) {
+    ++window_clashes_;
+    window_waits_us_ += std::max(0.0, waited_us);
+  }
+  // A page clashed again (`clashes_before` > 0 times before); may it have a new chunk, with
+  // `held` chunks held now? `now_us`: the device's host clock.
+  bool allows_new_chunk(std::size_t held, std::size_t peak_used, std::uint32_t clashes_before,
+                        double now_us) {
+    weighted_ += clashes_before >= kRecurring ? kRecurringWeight : 1;
+    if (weighted_ > peak_used / 2) {
+      weighted_ = 0;
+      if (by_count_ > kRecurringShare) by_count_ = std::max(kRecurringShare, by_count_ / 2);
+    }
+    if (++since_weighed_ > peak_used / 2) {
+      since_weighed_ = 0;
+      const double spent_us = static_cast<double>(window_clashes_) * kClashUs + window_waits_us_;
+      const double window_us = now_us - window_start_us_;
+      const bool costly = spent_us * kCostlyShare > window_us;
+      if (costly && by_cost_ > kMinShare) by_cost_ = std::max(kMinShare, by_cost_ / 2);
+      if (costly || window_us > kWindowUs) {
+        window_clashes_ = 0;
+        window_waits_us_ = 0;
+        window_start_us_ = now_us;
+      }
+    }
+    return held < peak_used + allowance(peak_used);
+  }
+  // Chunks the engine may hold beyond `peak_used` pages used at once.
+  std::size_t allowance(std::size_t peak_used) const {
+    return peak_used / std::min(by_count_, by_cost_) + kPages;
+  }
+
+ private:
+  std::size_t by_count_ = kFirstShare;  // the share's two bounds: 1/by_count_, 1/by_cost_
+  std::size_t by_cost_ = kFirstShare;
+  std::size_t weighted_ = 0;            // clashes towards the next count, recurring ones weighted
+  std::size_t since_weighed_ = 0;       // clashes since the cost was last weighed
+  std::size_t window_clashes_ = 0;      // remaps in the cost's window, and their waits
+  double window_waits_us_ = 0;
+  double window_start_us_;
+};
+
+}  // namespace gmem::detail
