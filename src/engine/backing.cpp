@@ -430,7 +430,7 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
         double waited_us = 0;
         if (!streams_.progress.done(stream, p.free_seq)) {
           const double waiting_since = device_.host_time();
-          streams_.progress.catch_up(stream, true, &unlocked_);
+          streams_.progress.wait_for(stream, p.free_seq, &unlocked_);
           ++accounting_.stats.num_sync_all_streams;
           waited_us = device_.host_time() - waiting_since;
         }
@@ -664,8 +664,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
   const ChunkId chunk = p.chunk;
   if (chunks_.at(chunk).maps == Chunk::kMaxMaps) {
     // Enough aliases: this one (free, and done on its stream) makes room for the next.
-    if (!streams_.progress.done(a.stream, p.free_seq) && !streams_.progress.catch_up(a.stream, true))
-      return kNoChunk;
+    if (!streams_.progress.wait_for(a.stream, p.free_seq)) return kNoChunk;
     unmap_page(id);
   }
   freed_pages_.sweep();

@@ -18,25 +18,75 @@ std::uint32_t StreamTracker::add(StreamId stream) {
   return static_cast<std::uint32_t>(streams_.size() - 1);
 }
 
+void StreamTracker::record(std::uint32_t index) {
+  Stream& s = streams_[index];
+  if (!s.pending.empty() && s.pending.back().seq >= s.seq) return;
+  EventHandle event;
+  if (spare_events_.empty()) {
+    event = device_.create_event();
+  } else {
+    event = spare_events_.back();
+    spare_events_.pop_back();
+  }
+  try {
+    device_.record_event(event, s.stream);
+  } catch (...) {
+    spare_events_.push_back(event);
+    throw;
+  }
+  s.pending.push_back(Pending{event, s.seq});
+}
+
+void StreamTracker::mark(std::uint32_t index) noexcept {
+  if (++streams_[index].marks_since_wait >= kMarksWithoutWait) streams_[index].marking = false;
+  try {
+    // Marks nobody waits on are polled here, so that at most kMaxMarks stay pending.
+    while (!streams_[index].pending.empty()) {
+      const Pending p = streams_[index].pending.front();
+      if (!device_.query_event(p.event)) break;
+      complete(index, p);
+    }
+    if (streams_[index].pending.size() < kMaxMarks) record(index);
+  } catch (...) {  // a mark only shortens waits: without it, a wait runs to a later event
+  }
+}
+
+void StreamTracker::complete_through(std::uint32_t index, std::uint64_t seq) {
+  Stream& s = streams_[index];
+  while (!s.pending.empty() && s.pending.front().seq <= seq) {
+    spare_events_.push_back(s.pending.front().event);
+    s.pending.pop_front();
+  }
+  if (seq > s.completed) s.completed = seq;
+}
+
+bool StreamTracker::wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked) {
+  if (done(index, seq)) return true;
+  streams_[index].marking = true;
+  streams_[index].marks_since_wait = 0;
+  // The first pending event at or after the free (the oldest that covers it), else a new one.
+  const std::deque<Pending>& pending = streams_[index].pending;
+  auto covering = [&]() -> const Pending* {
+    for (const Pending& p : pending)
+      if (p.seq >= seq) return &p;
+    return nullptr;
+  };
+  if (covering() == nullptr) record(index);
+  const Pending p = *covering();
+  if (!device_.query_event(p.event)) {
+    if (unlocked != nullptr) (*unlocked)([&] { device_.synchronize_event(p.event); });
+    else device_.synchronize_event(p.event);
+  }
+  // Done up to p.seq, whatever other threads did meanwhile (had they recycled the event and
+  // recorded it again, the wait ran to that later record: longer than needed, never too short).
+  complete_through(index, p.seq);
+  return done(index, seq);
+}
+
 bool StreamTracker::catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked) {
   Stream& s = streams_[index];
   if (s.completed >= s.seq) return true;
-  if (s.pending.empty() || s.pending.back().seq < s.seq) {
-    EventHandle event;
-    if (spare_events_.empty()) {
-      event = device_.create_event();
-    } else {
-      event = spare_events_.back();
-      spare_events_.pop_back();
-    }
-    try {
-      device_.record_event(event, s.stream);
-    } catch (...) {
-      spare_events_.push_back(event);
-      throw;
-    }
-    s.pending.push_back(Pending{event, s.seq});
-  }
+  record(index);
   // Read again at each step: while a wait has the lock released, other threads may add streams
   // (streams_ grows) and complete events.
   while (!streams_[index].pending.empty()) {

@@ -26,8 +26,17 @@ class StreamTracker {
   StreamId stream(std::uint32_t index) const { return streams_[index].stream; }
   std::size_t size() const { return streams_.size(); }
 
-  // Stamps a free on stream `index`: the returned sequence number identifies it.
-  std::uint64_t stamp(std::uint32_t index) { return ++streams_[index].seq; }
+  // Stamps a free on stream `index`: the returned sequence number identifies it. Once the stream
+  // has been waited for (wait_for), every kMarkEvery-th free also records an event (mark), so
+  // that the next wait for one free can stop at the first event after it; kMarksWithoutWait
+  // marks with no wait between them stop the marking (a program whose layout has settled makes
+  // no driver call at all).
+  std::uint64_t stamp(std::uint32_t index) {
+    Stream& s = streams_[index];
+    const std::uint64_t seq = ++s.seq;
+    if (s.marking && seq % kMarkEvery == 0) [[unlikely]] mark(index);
+    return seq;
+  }
   // Whether the work on stream `index` up to free `seq` is known to be done (no device call).
   bool done(std::uint32_t index, std::uint64_t seq) const { return seq <= streams_[index].completed; }
   // Records an event covering every free so far (if none does yet) and polls the pending
@@ -35,6 +44,16 @@ class StreamTracker {
   // stream's frees so far are done. With `unlocked`, the wait is made through it: other threads
   // may use the tracker meanwhile (and complete the very event waited on).
   bool catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked = nullptr);
+  // Blocks until stream `index` has done its work up to free `seq`, and no further than the
+  // first event recorded after it: memory freed a while ago (a page that must be unmapped before
+  // a block can use it) is waited for only as long as the GPU still needs it, not until the
+  // stream has run out of work. Returns true when it is done (a device error throws).
+  bool wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked = nullptr);
+
+  // Frees between two marks, and the most marks pending on a stream.
+  static constexpr std::uint64_t kMarkEvery = 64;
+  static constexpr std::size_t kMaxMarks = 64;
+  static constexpr std::uint32_t kMarksWithoutWait = 16;
 
  private:
   struct Pending {
@@ -46,7 +65,16 @@ class StreamTracker {
     std::uint64_t seq = 0;        // last stamped free
     std::uint64_t completed = 0;  // frees up to here are done
     std::deque<Pending> pending;  // events in record order
+    bool marking = false;         // waited for lately: its frees are marked (stamp)
+    std::uint32_t marks_since_wait = 0;
   };
+  // Records an event covering the stream's frees so far, after completing the pending events
+  // that are done; skipped (never throws) when kMaxMarks are pending or the device fails.
+  void mark(std::uint32_t index) noexcept;
+  // Records an event covering every free so far, unless the newest pending one does.
+  void record(std::uint32_t index);
+  // Work up to free `seq` is done: the pending events up to it are done too.
+  void complete_through(std::uint32_t index, std::uint64_t seq);
   // The stream's oldest pending event `p` is done: drop it, unless another thread did while the
   // lock was released.
   void complete(std::uint32_t index, const Pending& p);
