@@ -44,7 +44,7 @@ void StreamTracker::mark(std::uint32_t index) noexcept {
     while (!streams_[index].pending.empty()) {
       const Pending p = streams_[index].pending.front();
       if (!device_.query_event(p.event)) break;
-      complete(index, p);
+      complete_through(index, p.seq);
     }
     if (streams_[index].pending.size() < kMaxMarks) record(index);
   } catch (...) {  // a mark only shortens waits: without it, a wait runs to a later event
@@ -52,6 +52,10 @@ void StreamTracker::mark(std::uint32_t index) noexcept {
 }
 
 void StreamTracker::complete_through(std::uint32_t index, std::uint64_t seq) {
+  // Work up to `seq` is done, whatever other threads did while a wait had the lock released:
+  // had they completed the event waited on and recorded it again (a later seq), the wait ran to
+  // that later record, longer than needed, never too short. So what is still pending up to
+  // `seq` goes, and nothing after it.
   Stream& s = streams_[index];
   while (!s.pending.empty() && s.pending.front().seq <= seq) {
     spare_events_.push_back(s.pending.front().event);
@@ -73,14 +77,14 @@ bool StreamTracker::wait_for(std::uint32_t index, std::uint64_t seq, const Unloc
   };
   if (covering() == nullptr) record(index);
   const Pending p = *covering();
-  if (!device_.query_event(p.event)) {
-    if (unlocked != nullptr) (*unlocked)([&] { device_.synchronize_event(p.event); });
-    else device_.synchronize_event(p.event);
-  }
-  // Done up to p.seq, whatever other threads did meanwhile (had they recycled the event and
-  // recorded it again, the wait ran to that later record: longer than needed, never too short).
+  if (!device_.query_event(p.event)) synchronize(p.event, unlocked);
   complete_through(index, p.seq);
   return done(index, seq);
+}
+
+void StreamTracker::synchronize(EventHandle event, const Unlocked* unlocked) {
+  if (unlocked != nullptr) (*unlocked)([&] { device_.synchronize_event(event); });
+  else device_.synchronize_event(event);
 }
 
 bool StreamTracker::catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked) {
@@ -93,23 +97,11 @@ bool StreamTracker::catch_up(std::uint32_t index, bool wait, const Unlocked* unl
     const Pending p = streams_[index].pending.front();
     if (!device_.query_event(p.event)) {
       if (!wait) break;
-      if (unlocked != nullptr) (*unlocked)([&] { device_.synchronize_event(p.event); });
-      else device_.synchronize_event(p.event);
+      synchronize(p.event, unlocked);
     }
-    complete(index, p);
+    complete_through(index, p.seq);
   }
   return streams_[index].completed >= streams_[index].seq;
-}
-
-void StreamTracker::complete(std::uint32_t index, const Pending& p) {
-  Stream& s = streams_[index];
-  // An event recycled and recorded again has a later seq: it is not the one waited on. (Its
-  // waiter then waited for that later record: longer than needed, never too short.)
-  if (s.pending.empty() || s.pending.front().event != p.event || s.pending.front().seq != p.seq)
-    return;
-  s.completed = p.seq;
-  spare_events_.push_back(p.event);
-  s.pending.pop_front();
 }
 
 }  // namespace gmem::detail

@@ -73,11 +73,10 @@ class StreamTracker {
   void mark(std::uint32_t index) noexcept;
   // Records an event covering every free so far, unless the newest pending one does.
   void record(std::uint32_t index);
-  // Work up to free `seq` is done: the pending events up to it are done too.
+  // Work up to free `seq` is done: the pending events up to it are done too, and go spare.
   void complete_through(std::uint32_t index, std::uint64_t seq);
-  // The stream's oldest pending event `p` is done: drop it, unless another thread did while the
-  // lock was released.
-  void complete(std::uint32_t index, const Pending& p);
+  // Blocks until `event` completes, through `unlocked` when given (the caller's lock released).
+  void synchronize(EventHandle event, const Unlocked* unlocked);
 
   Device& device_;
   std::vector<Stream> streams_;
