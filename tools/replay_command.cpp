@@ -61,9 +61,12 @@ const char kReplayUsage[] =
     "  --no-plan         do not mark the steps found: replay as a program that never calls\n"
     "                    gmem_mark_step (by default each step found is marked, as gmem.torch\n"
     "                    marks one after every optimizer step: planned step layouts)\n"
-    "  --steps           also print each step found: its device calls and modelled device ms,\n"
-    "                    gmem's reserved memory at its end and over the peak allocated so far\n"
-    "                    (does the layout settle, and where does reserved memory climb?)\n"
+    "  --steps           also print each step found: the earlier step it repeats (the same\n"
+    "                    sizes on the same streams, in order), its device calls and modelled\n"
+    "                    device ms, gmem's reserved memory at its end and over the peak allocated\n"
+    "                    so far, and the calls in new steps, in steps seen once before (a plan's\n"
+    "                    first use) and in steps seen twice or more (should be none): does the\n"
+    "                    layout settle once each shape has been seen, and where does memory climb?\n"
     "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
     "                    (say the line of optimizer.step(), train.py:42, where gmem.torch marks\n"
     "                    steps), not at the minima of live memory\n"
@@ -152,6 +155,8 @@ void write_figures(json::Writer& w, const char* key, const std::vector<trace::St
         .field("reserved", s.reserved)
         .field("peak_reserved", s.peak_reserved)
         .field("peak_allocated", s.peak_allocated)
+        .field("repeats_step", s.repeats_step)
+        .field("times_seen", s.times_seen)
         .end_object();
   w.end_array();
 }
@@ -213,17 +218,29 @@ void print_passes(const std::string& trace, const trace::ReplayResult& r) {
 // `--steps`: a line per step found.
 void print_steps(const std::string& trace, const std::vector<trace::StepFigures>& steps) {
   std::printf("\n%s: %zu steps\n", trace.c_str(), steps.size());
-  Table table({"step", "event", "device calls", "device ms", "reserved", "peak reserved / peak allocated"},
-              {true, true, true, true, true, true});
+  Table table({"step", "event", "repeats step", "device calls", "device ms", "reserved",
+               "peak reserved / peak allocated"},
+              {true, true, true, true, true, true, true});
+  // Device calls by whether the step's requests were seen before: new, seen once (the step
+  // that first follows its plan), seen twice or more (should make none).
+  std::uint64_t calls[3] = {}, count[3] = {};
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const trace::StepFigures& s = steps[i];
-    table.add({std::to_string(i + 1), std::to_string(s.event), std::to_string(s.device_calls),
+    table.add({std::to_string(i + 1), std::to_string(s.event),
+               s.repeats_step ? std::to_string(s.repeats_step) : "-", std::to_string(s.device_calls),
                fixed(s.device_us / 1000.0, 2), format_bytes(s.reserved),
                s.peak_allocated ? fixed(static_cast<double>(s.peak_reserved) /
                                             static_cast<double>(s.peak_allocated), 3)
                                 : "-"});
+    const std::size_t kind = std::min<std::size_t>(s.times_seen, 2);
+    calls[kind] += s.device_calls;
+    ++count[kind];
   }
   table.print(stdout);
+  std::printf("device calls: %llu in %llu new steps, %llu in %llu seen once before, %llu in %llu seen twice or more\n",
+              static_cast<unsigned long long>(calls[0]), static_cast<unsigned long long>(count[0]),
+              static_cast<unsigned long long>(calls[1]), static_cast<unsigned long long>(count[1]),
+              static_cast<unsigned long long>(calls[2]), static_cast<unsigned long long>(count[2]));
 }
 
 }  // namespace

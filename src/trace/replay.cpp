@@ -120,6 +120,15 @@ struct DeviceCounts {
   std::uint64_t total() const { return creates + maps + unmaps; }
 };
 
+// A step's requests hashed in order (FNV-1a over each malloc's size and stream): equal steps
+// hash equal, and two different ones collide once in 2^64.
+constexpr std::uint64_t kRequestsSeed = 0xcbf29ce484222325ull;
+std::uint64_t add_request(std::uint64_t hash, std::size_t size, StreamId stream) {
+  for (std::uint64_t word : {static_cast<std::uint64_t>(size), static_cast<std::uint64_t>(stream)})
+    for (int byte = 0; byte < 8; ++byte) hash = (hash ^ ((word >> (8 * byte)) & 0xff)) * 0x100000001b3ull;
+  return hash;
+}
+
 ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions& options) {
   ReplayResult r;
   r.trace = trace.name;
@@ -168,10 +177,20 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
     return f;
   };
   DeviceCounts at_step{};
+  // The open step's requests (sizes and streams, in order) as a hash, and the steps seen by
+  // their hash: which earlier step a step repeats (StepFigures::repeats_step), in any pass.
+  std::uint64_t step_requests = kRequestsSeed;
+  std::unordered_map<std::uint64_t, std::pair<std::size_t, std::size_t>> steps_seen;  // first, count
   auto end_step = [&](std::size_t event) {
     if (options.mark_steps) engine.mark_step();
     if (options.empty_cache_each_step) engine.empty_cache();
-    if (options.record_steps) r.per_step.push_back(figures(event, at_step));
+    if (!options.record_steps) return;
+    StepFigures f = figures(event, at_step);
+    auto [seen, fresh] = steps_seen.try_emplace(step_requests, r.per_step.size() + 1, 0);
+    if (!fresh) f.repeats_step = seen->second.first;
+    f.times_seen = seen->second.second++;
+    step_requests = kRequestsSeed;
+    r.per_step.push_back(f);
   };
   // The slots a pass's first `count` ops leave live (a slot is live when its last op mallocs).
   auto live_slots = [&](std::size_t count) {
@@ -186,6 +205,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
         const std::vector<bool> live = live_slots(n);
         done = 0;  // (before the frees: the error report reads program.ops[done])
         next_end = 0;
+        step_requests = kRequestsSeed;  // what followed the last step end is no step's
         for (std::size_t slot = 0; slot < program.slots; ++slot)
           if (live[slot]) engine.free(blocks[slot]);
       }
@@ -205,6 +225,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
           // rest of the trace happens that much later.
           if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
           if (op.malloc) {
+            if (options.record_steps) step_requests = add_request(step_requests, op.size, op.stream);
             blocks[op.slot] = engine.malloc(op.size, op.stream);
           } else {
             engine.free(blocks[op.slot]);

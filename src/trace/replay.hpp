@@ -60,6 +60,12 @@ struct StepFigures {
   std::uint64_t reserved = 0;     // gmem's reserved bytes at the step's end
   std::uint64_t peak_reserved = 0;
   std::uint64_t peak_allocated = 0;  // so far (requested sizes rounded as the engine counts them)
+  // Steps only (ReplayOptions::record_steps): the first earlier step whose mallocs asked for the
+  // same sizes on the same streams in the same order (1-based; 0: none, a shape not seen before),
+  // and how many earlier steps did. A planned layout is made at a shape's first repeat, so from
+  // its second repeat on (`times_seen` >= 2) a step should make no device calls.
+  std::size_t repeats_step = 0;
+  std::size_t times_seen = 0;
 };
 
 struct ReplayResult {

@@ -329,6 +329,17 @@ TEST(Replay, VaryingLengthsMarkedAtOptimizerStepsSettleAtPeak) {
   }
   EXPECT_LE(late, 10u);
   EXPECT_GT(late_unmarked, 1000u);
+  // Steps 2-25 bring the 24 lengths (the first builds the model too) and every later step
+  // repeats one of them: a length seen twice before follows its plan and makes about no calls.
+  std::size_t seen_twice = 0;
+  std::uint64_t seen_twice_calls = 0;
+  for (std::size_t i = 0; i < 40; ++i) {
+    const StepFigures& s = marked.per_step[i];
+    EXPECT_EQ(s.repeats_step != 0, i >= 25) << "step " << i + 1;
+    if (s.times_seen >= 2) ++seen_twice, seen_twice_calls += s.device_calls;
+  }
+  EXPECT_GE(seen_twice, 3u);
+  EXPECT_LE(seen_twice_calls, 4 * seen_twice);
   // What the unmarked steps spend remapping stays under the clash rule's tenth of their time.
   const double late_span_us = static_cast<double>(t.events[options.step_ends[39]].time_us -
                                                   t.events[options.step_ends[29]].time_us);
@@ -652,6 +663,38 @@ TEST_F(LagTrace, CountsTheStepsGiven) {
   EXPECT_EQ(r.steps, 3u);
   EXPECT_EQ(r.late_steps, 2u);
   EXPECT_EQ(replay(t).steps, 0u);  // unknown
+}
+
+// --steps says which earlier step a step repeats: same sizes on the same streams, in order.
+TEST_F(LagTrace, NamesTheStepAStepRepeats) {
+  // Steps of requests A (1 MiB then 3 MiB), B (1 MiB, stream 7), A, A with its order swapped, A.
+  const std::vector<std::vector<std::pair<int, int>>> steps = {
+      {{1, 0}, {3, 0}}, {{1, 7}}, {{1, 0}, {3, 0}}, {{3, 0}, {1, 0}}, {{1, 0}, {3, 0}}};
+  std::string rows;
+  std::vector<std::size_t> ends;
+  std::size_t event = 0;
+  int time = 0;
+  for (const auto& step : steps) {
+    for (const auto& [mib, stream] : step) {
+      const std::string size = std::to_string(mib << 20), addr = std::to_string((100 + event) << 22);
+      rows += "alloc," + addr + "," + size + "," + std::to_string(stream) + "," + std::to_string(time++) + ",,\n";
+      rows += "free_completed," + addr + "," + size + "," + std::to_string(stream) + "," +
+              std::to_string(time++) + ",,\n";
+      event += 2;
+    }
+    ends.push_back(event - 1);
+  }
+  const Trace t = read_trace(write(rows));
+  ReplayOptions options;
+  options.step_ends = ends;
+  options.record_steps = true;
+  const ReplayResult r = replay(t, options);
+  ASSERT_EQ(r.per_step.size(), 5u);
+  const std::size_t repeats[] = {0, 0, 1, 0, 1}, seen[] = {0, 0, 1, 0, 2};
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(r.per_step[i].repeats_step, repeats[i]) << "step " << i + 1;
+    EXPECT_EQ(r.per_step[i].times_seen, seen[i]) << "step " << i + 1;
+  }
 }
 
 }  // namespace
