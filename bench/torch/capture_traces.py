@@ -54,6 +54,9 @@ PROGRAMS = {
     "convnext_multiscale": ("convnext_multiscale_step", 16),
     "moe": ("moe_step", 10),
     "gpt2_compiled": ("gpt2_compiled_step", 10),
+    # held-out, third batch: serving models of GiBs
+    "llama_serve_1b": ("llama_serve_1b_step", 8),
+    "bert_large_serve": ("bert_large_serve_step", 12),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

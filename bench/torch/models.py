@@ -700,3 +700,83 @@ def gpt2_compiled_step(torch, steps, seed=0, batch=8, length=512):
 
     step.shapes = ["%d x %d" % (batch, length)] * steps
     return step
+
+
+# --- held-out, third batch (2026-11-25): serving at the sizes served on one H100 ---------------
+# bert_serve and llama_generate hold 1.04x their peak under gmem, programs under 1 GiB where a
+# page more or less is 0.25%. These two serve the same kinds of requests from models of GiBs,
+# loaded in bf16 as from_pretrained(torch_dtype=torch.bfloat16) loads them (no fp32 copy first).
+
+
+def _bf16_on_gpu(torch, build):
+    """Builds a module with bf16 parameters on the GPU directly (as a checkpoint is loaded)."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            return build().eval()
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+def llama_serve_1b_step(torch, steps, seed=0):
+    """transformers Llama of TinyLlama's shape (1.1B: 22 layers, 2048 wide, 32 heads, 4 KV heads,
+    bf16) generate() as a server sees it: each step serves 2 requests whose batch (1..16), prompt
+    length (32..2048, left padded) and new tokens (8..64) are drawn at random, under
+    torch.inference_mode; the KV cache grows token by token."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                         num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                         max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+    model = _bf16_on_gpu(torch, lambda: LlamaForCausalLM(config))
+    plan = [[([rng.randint(32, 2048) for _ in range(rng.randint(1, 16))], rng.randint(8, 64))
+             for _ in range(2)] for _ in range(steps)]
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for lengths, new in plan[i]:
+                longest = max(lengths)
+                ids = torch.zeros((len(lengths), longest), dtype=torch.long)
+                mask = torch.zeros((len(lengths), longest), dtype=torch.long)
+                for row, n in enumerate(lengths):
+                    ids[row, longest - n:] = torch.randint(3, config.vocab_size, (n,))
+                    mask[row, longest - n:] = 1
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                tokens += out.shape[1] - longest
+        return float(tokens)
+
+    step.shapes = [" ".join("%dx%d+%d" % (len(l), max(l), n) for l, n in requests)
+                   for requests in plan]
+    return step
+
+
+def bert_large_serve_step(torch, steps, seed=0):
+    """BERT-large (random init, bf16) inference as a server sees it: under torch.inference_mode,
+    each step runs 8 requests whose batch (1..128) and padded length (16..512) are drawn at
+    random."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                        intermediate_size=4096)
+    model = _bf16_on_gpu(torch, lambda: BertModel(config))
+    plan = [[(rng.randint(1, 128), rng.randrange(16, 513, 16)) for _ in range(8)]
+            for _ in range(steps)]
+
+    def step(i):
+        total = 0.0
+        with torch.inference_mode():
+            for batch, length in plan[i]:
+                ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+                total += model(input_ids=ids).last_hidden_state[:, 0].float().sum().item()
+        return total
+
+    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
+    return step

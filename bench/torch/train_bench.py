@@ -37,7 +37,8 @@ import time
 from common import HERE, PYTHON_DIR, emit
 
 HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # models.py
-            "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled")
+            "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled",
+            "llama_serve_1b", "bert_large_serve")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -130,7 +131,9 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "unet": models_step("unet", varying=False),
          "convnext_multiscale": models_step("convnext_multiscale"),
          "moe": models_step("moe", varying=False),
-         "gpt2_compiled": models_step("gpt2_compiled", varying=False)}
+         "gpt2_compiled": models_step("gpt2_compiled", varying=False),
+         "llama_serve_1b": models_step("llama_serve_1b"),
+         "bert_large_serve": models_step("bert_large_serve")}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {
