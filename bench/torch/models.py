@@ -702,7 +702,7 @@ def gpt2_compiled_step(torch, steps, seed=0, batch=8, length=512):
     return step
 
 
-# --- held-out, third batch (2026-11-25): serving at the sizes served on one H100 ---------------
+# --- held-out, third batch (2026-11-24): serving at the sizes served on one H100 ---------------
 # bert_serve and llama_generate hold 1.04x their peak under gmem, programs under 1 GiB where a
 # page more or less is 0.25%. These two serve the same kinds of requests from models of GiBs,
 # loaded in bf16 as from_pretrained(torch_dtype=torch.bfloat16) loads them (no fp32 copy first).
