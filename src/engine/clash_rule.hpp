@@ -31,11 +31,12 @@ namespace gmem::detail {
 //   before it is weighed: a burst of remaps (a request of a new shape remaps hundreds of pages in
 //   milliseconds) is weighed over as long a time as the evidence that bought the last chunks,
 //   not alone (bert_large_serve doubled four times in 30 ms on one burst, to 1.10 times its peak,
-//   and its remaps cost 3% of its time whether it held 1.10 or 1.03). A program whose layout never repeats (requests of random shapes;
-//   shapes taking turns without step marks) clashes whatever it holds, and more chunks only make
-//   it clash less often: BERT serving random requests (bert_serve, H100) held 1.18 times its peak
-//   at 1/8; it holds 1.06, and its remaps cost it about 2% of its time. A churn of back-to-back
-//   mallocs, where remapping is nearly all the time spent, still buys up to 1/8 and settles.
+//   and its remaps cost 3% of its time whether it held 1.10 or 1.03). A program whose layout
+//   never repeats (requests of random shapes; shapes taking turns without step marks) clashes
+//   whatever it holds, and more chunks only make it clash less often: BERT serving random
+//   requests (bert_serve, H100) held 1.18 times its peak at 1/8; it holds 1.04-1.06, and its
+//   remaps cost it about 2% of its time. A churn of back-to-back mallocs, where remapping is
+//   nearly all the time spent, still buys up to 1/8 and settles.
 class ClashRule {
  public:
   static constexpr std::size_t kFirstShare = 200;
