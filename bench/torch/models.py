@@ -429,6 +429,46 @@ def gpt2_accum_step(torch, steps, seed=0, micro=4, accumulate=4):
     return step
 
 
+def _encode_requests(torch, model, vocab_size, plan):
+    """A step per entry of `plan`: each (batch, length) request through the encoder `model`
+    under torch.inference_mode, with a host sync after each (as a server replies)."""
+
+    def step(i):
+        total = 0.0
+        with torch.inference_mode():
+            for batch, length in plan[i]:
+                ids = torch.randint(0, vocab_size, (batch, length), device="cuda")
+                total += model(input_ids=ids).last_hidden_state[:, 0].float().sum().item()
+        return total
+
+    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
+    return step
+
+
+def _generate_requests(torch, model, vocab_size, plan):
+    """A step per entry of `plan`: each (prompt lengths, new tokens) request run through
+    model.generate() under torch.inference_mode, prompts left padded to the longest."""
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for lengths, new in plan[i]:
+                longest = max(lengths)
+                ids = torch.zeros((len(lengths), longest), dtype=torch.long)
+                mask = torch.zeros((len(lengths), longest), dtype=torch.long)
+                for row, n in enumerate(lengths):
+                    ids[row, longest - n:] = torch.randint(3, vocab_size, (n,))
+                    mask[row, longest - n:] = 1
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                tokens += out.shape[1] - longest
+        return float(tokens)
+
+    step.shapes = [" ".join("%dx%d+%d" % (len(l), max(l), n) for l, n in requests)
+                   for requests in plan]
+    return step
+
+
 def bert_serve_step(torch, steps, seed=0):
     """BERT-base (random init) inference as a server sees it: under torch.inference_mode, each
     step runs 8 requests whose batch (1..64) and padded length (16..512) are drawn at random."""
@@ -441,16 +481,7 @@ def bert_serve_step(torch, steps, seed=0):
     plan = [[(rng.randint(1, 64), rng.randrange(16, 513, 16)) for _ in range(8)]
             for _ in range(steps)]
 
-    def step(i):
-        total = 0.0
-        with torch.inference_mode():
-            for batch, length in plan[i]:
-                ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
-                total += model(input_ids=ids).last_hidden_state[:, 0].float().sum().item()
-        return total
-
-    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
-    return step
+    return _encode_requests(torch, model, config.vocab_size, plan)
 
 
 # --- held-out, second batch (2026-11-24): programs of kinds not captured before ----------------
@@ -473,24 +504,7 @@ def llama_generate_step(torch, steps, seed=0):
     plan = [[([rng.randint(32, 1024) for _ in range(rng.randint(1, 16))], rng.randint(8, 96))
              for _ in range(2)] for _ in range(steps)]
 
-    def step(i):
-        tokens = 0
-        with torch.inference_mode():
-            for lengths, new in plan[i]:
-                longest = max(lengths)
-                ids = torch.zeros((len(lengths), longest), dtype=torch.long)
-                mask = torch.zeros((len(lengths), longest), dtype=torch.long)
-                for row, n in enumerate(lengths):
-                    ids[row, longest - n:] = torch.randint(3, config.vocab_size, (n,))
-                    mask[row, longest - n:] = 1
-                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
-                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
-                tokens += out.shape[1] - longest
-        return float(tokens)
-
-    step.shapes = [" ".join("%dx%d+%d" % (len(l), max(l), n) for l, n in requests)
-                   for requests in plan]
-    return step
+    return _generate_requests(torch, model, config.vocab_size, plan)
 
 
 def _unet(torch, channels=(128, 256, 256, 512), attention_at=(2, 3), groups=32):
@@ -736,24 +750,7 @@ def llama_serve_1b_step(torch, steps, seed=0):
     plan = [[([rng.randint(32, 2048) for _ in range(rng.randint(1, 16))], rng.randint(8, 64))
              for _ in range(2)] for _ in range(steps)]
 
-    def step(i):
-        tokens = 0
-        with torch.inference_mode():
-            for lengths, new in plan[i]:
-                longest = max(lengths)
-                ids = torch.zeros((len(lengths), longest), dtype=torch.long)
-                mask = torch.zeros((len(lengths), longest), dtype=torch.long)
-                for row, n in enumerate(lengths):
-                    ids[row, longest - n:] = torch.randint(3, config.vocab_size, (n,))
-                    mask[row, longest - n:] = 1
-                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
-                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
-                tokens += out.shape[1] - longest
-        return float(tokens)
-
-    step.shapes = [" ".join("%dx%d+%d" % (len(l), max(l), n) for l, n in requests)
-                   for requests in plan]
-    return step
+    return _generate_requests(torch, model, config.vocab_size, plan)
 
 
 def bert_large_serve_step(torch, steps, seed=0):
@@ -770,13 +767,4 @@ def bert_large_serve_step(torch, steps, seed=0):
     plan = [[(rng.randint(1, 128), rng.randrange(16, 513, 16)) for _ in range(8)]
             for _ in range(steps)]
 
-    def step(i):
-        total = 0.0
-        with torch.inference_mode():
-            for batch, length in plan[i]:
-                ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
-                total += model(input_ids=ids).last_hidden_state[:, 0].float().sum().item()
-        return total
-
-    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
-    return step
+    return _encode_requests(torch, model, config.vocab_size, plan)
