@@ -34,7 +34,8 @@ import time
 
 from common import HERE, emit
 
-# name: (factory in models.py, steps)
+# name: (factory in models.py, steps[, the stacks recorded: "all" (alloc and free, the default)
+# or "alloc"])
 PROGRAMS = {
     "llama_ckpt_varlen": ("llama_step", 12),
     "fasterrcnn_varsize": ("fasterrcnn_step", 14),
@@ -57,6 +58,12 @@ PROGRAMS = {
     # held-out, third batch: serving models of GiBs
     "llama_serve_1b": ("llama_serve_1b_step", 8),
     "bert_large_serve": ("bert_large_serve_step", 12),
+    # held-out, fourth batch: fine-tuning, dynamic shapes compiled, diffusion sampling
+    # PyTorch 2.11 fails in backward ("run_backward returned NULL without setting an exception")
+    # when it records free stacks under HF's gradient checkpointing; the alloc stacks suffice
+    "lora_llama": ("lora_llama_step", 30, "alloc"),
+    "gpt2_dynamic": ("gpt2_dynamic_step", 24),
+    "diffusion_sample": ("diffusion_sample_step", 16),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark
@@ -154,9 +161,10 @@ def run_program(name, trace_path, max_entries):
     sys.path.insert(0, HERE)
     import models
 
-    factory, steps = PROGRAMS[name]
+    factory, steps, context = (PROGRAMS[name] + ("all",))[:3]
     if trace_path:
-        torch.cuda.memory._record_memory_history(stacks="python", max_entries=max_entries)
+        torch.cuda.memory._record_memory_history(context=context, stacks="python",
+                                                 max_entries=max_entries)
     start = time.time()
     step = getattr(models, factory)(torch, steps)
     shapes = list(step.shapes)

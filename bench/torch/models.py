@@ -768,3 +768,115 @@ def bert_large_serve_step(torch, steps, seed=0):
             for _ in range(steps)]
 
     return _encode_requests(torch, model, config.vocab_size, plan)
+
+
+# --- held-out, fourth batch (2026-11-24): the fine-tuning and compiled programs of today -------
+# Programs of kinds the first three batches lack: parameter-efficient fine-tuning of a frozen
+# model (most fine-tuning today), Inductor with dynamic shapes, and diffusion sampling at the
+# resolutions a user asks for.
+
+
+def _lora(torch, base, rank=16, alpha=32):
+    """`base` (an nn.Linear, frozen) plus a trainable low-rank update B @ A scaled by alpha/rank,
+    B starting at zero, as LoRA adapters are (fp32 adapter weights on a bf16 base)."""
+    nn = torch.nn
+
+    class LoRALinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = base
+            self.a = nn.Parameter(torch.randn(rank, base.in_features, device="cuda") / rank)
+            self.b = nn.Parameter(torch.zeros(base.out_features, rank, device="cuda"))
+            self.scale = alpha / rank
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.a.t().to(x.dtype)) @ self.b.t().to(x.dtype) * self.scale
+
+    return LoRALinear()
+
+
+def lora_llama_step(torch, steps, seed=0, batch=4):
+    """LoRA fine-tuning of a transformers Llama of 1.5B parameters (TinyLlama's 22 layers of
+    2048 with Llama 3's vocabulary of 128,256; random init, bf16, frozen), rank-16 adapters on
+    every attention and MLP projection, gradient checkpointing (use_reentrant=False), AdamW over
+    the adapters, batch 4 with a sequence length drawn per step from 256..2048 (multiples of
+    128): the logits and their fp32 loss are blocks of GiBs whose size follows the length."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=5632,
+                         num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                         max_position_embeddings=4096)
+    model = _bf16_on_gpu(torch, lambda: LlamaForCausalLM(config))
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        for owner, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                             (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                setattr(owner, name, _lora(torch, getattr(owner, name)))
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(adapters, lr=1e-4)
+    lengths = [rng.randrange(256, 2049, 128) for _ in range(steps)]
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
+    return step
+
+
+def gpt2_dynamic_step(torch, steps, seed=0, batch=8):
+    """transformers GPT-2 124M (random init) under torch.compile(dynamic=True) training on a
+    sequence length drawn per step from 128..1024 (multiples of 64), bf16 autocast, AdamW: one
+    graph with symbolic shapes, Inductor's buffers sized at run time."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().train()
+    compiled = torch.compile(model, dynamic=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = [rng.randrange(128, 1025, 64) for _ in range(steps)]
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = compiled(input_ids=ids, labels=ids).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
+    return step
+
+
+def diffusion_sample_step(torch, steps, seed=0, iterations=12):
+    """Sampling from _unet() (random init, bf16) as a server of image requests runs it: each
+    step is a request of 1..8 images at a resolution drawn from 32..128 px (multiples of 16),
+    with classifier-free guidance (the batch doubled), `iterations` denoising steps of a DDIM-like
+    update, under torch.inference_mode and bf16 autocast."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = _bf16_on_gpu(torch, lambda: _unet(torch))
+    requests = [(rng.randint(1, 8), rng.randrange(32, 129, 16)) for _ in range(steps)]
+
+    def step(i):
+        images, size = requests[i]
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            x = torch.randn(images, 3, size, size, device="cuda", dtype=torch.bfloat16)
+            for k in range(iterations, 0, -1):
+                t = torch.full((2 * images,), k * 1000.0 / iterations, device="cuda")
+                both = model(torch.cat([x, x]), t)
+                uncond, cond = both.chunk(2)
+                eps = uncond + 7.5 * (cond - uncond)
+                a = math.cos(k / iterations * math.pi / 2)
+                x = (x - math.sqrt(max(1 - a * a, 0.0)) * eps * 0.1).clamp(-3, 3)
+            return x.float().mean().item()
+
+    step.shapes = ["%d x %d px" % r for r in requests]
+    return step
