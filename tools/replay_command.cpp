@@ -33,10 +33,12 @@ const char kReplayUsage[] =
     "gmem can run the trace on. Also the device calls gmem made, its host time per call, and\n"
     "the modelled time a training step spends on the device layer.\n"
     "\n"
-    "Each training step found (or ending after --step-at's frame) is marked, as gmem.torch marks\n"
-    "one after every optimizer step: steps whose shapes take turns are laid out from their last\n"
-    "occurrence (planned step layouts, docs/engine.md). --no-plan replays without marks, as a\n"
-    "program that never calls gmem_mark_step.\n"
+    "Each training step is marked, as gmem.torch marks one after every optimizer step: steps\n"
+    "whose shapes take turns are laid out from their last occurrence (planned step layouts,\n"
+    "docs/engine.md). Steps end after --step-at's frame where it is given, else at the trace's\n"
+    "own gmem.step() markers (a snapshot written under gmem), else where live memory falls back\n"
+    "to its baseline. --no-plan replays without marks, as a program that never calls\n"
+    "gmem_mark_step.\n"
     "\n"
     "The simulated GPU runs behind the host, as a real one does: the host clock follows the\n"
     "trace's timestamps, and an event recorded on a stream completes --lag microseconds later.\n"
@@ -47,7 +49,7 @@ const char kReplayUsage[] =
     "device ms/step: modelled host time in device calls (priced as measured on an H100, per\n"
     "2 MiB: cuMemCreate 15 us, cuMemMap 2, cuMemSetAccess 38, cuMemUnmap 22, cuMemRelease 16;\n"
     "event calls 0.5-1 us) plus time waiting for streams, over the second half of the trace,\n"
-    "divided by the training steps ending in it (steps found at the minima of live memory).\n"
+    "divided by the training steps ending in it.\n"
     "Where no steps are found it is the whole second half's time in ms, marked \"(half)\".\n"
     "\n"
     "FILE: a PyTorch trace CSV (.csv or .csv.gz), a snapshot pickle from\n"
@@ -69,7 +71,7 @@ const char kReplayUsage[] =
     "                    layout settle once each shape has been seen, and where does memory climb?\n"
     "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
     "                    (say the line of optimizer.step(), train.py:42, where gmem.torch marks\n"
-    "                    steps), not at the minima of live memory\n"
+    "                    steps), not at the trace's markers or the minima of live memory\n"
     "  --passes N        replay each trace N times in one engine (1 to 1000; default 1), freeing\n"
     "                    what a pass leaves live before the next, and print each pass's device\n"
     "                    calls and reserved memory: does a program whose phases come back (a\n"
@@ -302,7 +304,8 @@ int replay_command(const Args& args) {
   for (const std::string& file : files) {
     const trace::Trace t = read_trace_argument(file, limits);
     if (step_frame.empty()) {
-      options.step_ends = step_ends(t);
+      options.step_ends = trace::step_ends_at_markers(t);
+      if (options.step_ends.empty()) options.step_ends = step_ends(t);
     } else {
       options.step_ends = trace::step_ends_after_frame(t, step_frame);
       if (options.step_ends.empty())

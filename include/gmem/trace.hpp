@@ -33,6 +33,10 @@ struct Event {
   std::size_t line = 0;          // line (or record) in the source file, for error messages
 };
 
+// Trace::steps_source of a snapshot whose step markers are gmem's own (gmem.step(), or
+// gmem.torch watching the optimizer).
+inline constexpr std::string_view kGmemStepMarkers = "gmem.step() markers";
+
 struct Trace {
   std::string path;                 // as given
   std::string name;                 // file name without directories and extensions
@@ -41,7 +45,7 @@ struct Trace {
   // Step markers, when the file has them (snapshot pickles: gmem's gmem.step() markers, or the
   // START of a recurring PyTorch annotation), as times; ascending.
   std::vector<std::int64_t> steps_us;
-  std::string steps_source;  // where they came from ("gmem.step() markers", ...); "" when none
+  std::string steps_source;  // where they came from (kGmemStepMarkers, ...); "" when none
   // Graph tracking, from gmem's snapshots ('gmem_graphs'): the blocks live at the end that hold
   // tensors saved for a backward pass not yet run, and whether the program ran backward at all.
   std::vector<std::uint64_t> saved_for_backward;

@@ -321,6 +321,17 @@ std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_v
   return ends;
 }
 
+std::vector<std::size_t> step_ends_at_markers(const Trace& trace) {
+  std::vector<std::size_t> ends;
+  if (trace.steps_source != kGmemStepMarkers) return ends;
+  std::size_t i = 0;  // the first event at or after the marker
+  for (std::int64_t t : trace.steps_us) {
+    while (i < trace.events.size() && trace.events[i].time_us < t) ++i;
+    if (i > 0 && (ends.empty() || ends.back() != i - 1)) ends.push_back(i - 1);
+  }
+  return ends;
+}
+
 ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   return run(trace, compile(trace), options);
 }

@@ -121,6 +121,12 @@ struct ReplayResult {
 // Ascending event indices, as ReplayOptions::step_ends; none when no frame contains it.
 std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_view frame);
 
+// Step ends at the trace's own step markers, when they are gmem's (a snapshot written under gmem,
+// whose program called gmem.step() or had gmem.torch watch its optimizer): after the last event
+// before each marker. Ascending event indices; none when the trace has no such markers (PyTorch's
+// annotations are not taken for steps here: the most frequent one may be a layer's).
+std::vector<std::size_t> step_ends_at_markers(const Trace& trace);
+
 // Replays `trace`; a malloc the engine cannot serve ends the replay with `failed` set. Throws
 // BadInputError (file and line) for a free of an address that is not live in the trace.
 ReplayResult replay(const Trace& trace, const ReplayOptions& options = {});

@@ -215,7 +215,7 @@ void read_step_markers(const Value& annotations, Trace& trace) {
     }
   }
   if (!steps.empty()) {
-    trace.steps_source = "gmem.step() markers";
+    trace.steps_source = kGmemStepMarkers;
   } else {
     std::unordered_map<std::string, std::size_t> count;
     std::string best;

@@ -16,6 +16,7 @@
 #include "gmem/snapshot.hpp"
 #include "gmem/trace.hpp"
 #include "gmem/tracker.hpp"
+#include "trace/replay.hpp"
 
 namespace gmem {
 namespace {
@@ -57,6 +58,30 @@ std::string leaking_snapshot(std::size_t steps, std::size_t kept, bool graphs = 
   write_snapshot_pickle(take_snapshot(engine, &tracker), path);
   for (void* p : live) engine.free(p);
   return path;
+}
+
+// `gmem replay` marks a gmem snapshot's steps where its program marked them: after the last
+// event before each marker, not at the minima of live memory.
+TEST(ReplayOfGmemSnapshots, MarksStepsAtTheStepMarkers) {
+  const std::size_t steps = 15;
+  const trace::Trace t = trace::read_trace(leaking_snapshot(steps, 3 * MiB));
+  const std::vector<std::size_t> ends = trace::step_ends_at_markers(t);
+  ASSERT_EQ(ends.size(), steps);
+  for (std::size_t k = 0; k < steps; ++k) {
+    ASSERT_LT(ends[k] + 1, t.events.size());
+    EXPECT_LT(t.events[ends[k]].time_us, t.steps_us[k]) << "step " << k;
+    EXPECT_GE(t.events[ends[k] + 1].time_us, t.steps_us[k]) << "step " << k;
+  }
+  trace::ReplayOptions options;
+  options.step_ends = ends;
+  options.mark_steps = true;
+  const trace::ReplayResult r = trace::replay(t, options);
+  EXPECT_EQ(r.steps, steps);
+  EXPECT_EQ(r.steps_marked, steps);
+
+  trace::Trace annotated = t;  // PyTorch's annotations are not taken for steps
+  annotated.steps_source = "annotation 'forward'";
+  EXPECT_TRUE(trace::step_ends_at_markers(annotated).empty());
 }
 
 TEST(LeaksInGmemSnapshots, UseTheStepMarkers) {
