@@ -69,9 +69,10 @@ const char kReplayUsage[] =
     "                    so far, and the calls in new steps, in steps seen once before (a plan's\n"
     "                    first use) and in steps seen twice or more (should be none): does the\n"
     "                    layout settle once each shape has been seen, and where does memory climb?\n"
-    "  --step-at FRAME   a step ends after each run of events whose user frame contains FRAME\n"
+    "  --step-at FRAME   a step ends after each run of events whose user frame names FRAME\n"
     "                    (say the line of optimizer.step(), train.py:42, where gmem.torch marks\n"
-    "                    steps), not at the trace's markers or the minima of live memory\n"
+    "                    steps; whole names and numbers: not train.py:420 nor mytrain.py:42),\n"
+    "                    not at the trace's markers or the minima of live memory\n"
     "  --passes N        replay each trace N times in one engine (1 to 1000; default 1), freeing\n"
     "                    what a pass leaves live before the next, and print each pass's device\n"
     "                    calls and reserved memory: does a program whose phases come back (a\n"
@@ -309,7 +310,7 @@ int replay_command(const Args& args) {
     } else {
       options.step_ends = trace::step_ends_after_frame(t, step_frame);
       if (options.step_ends.empty())
-        throw UsageError("replay: " + t.path + ": no event's user frame contains '" + step_frame + "' (--step-at)");
+        throw UsageError("replay: " + t.path + ": no event's user frame names '" + step_frame + "' (--step-at)");
     }
     const trace::ReplayResult r = trace::replay(t, options);
     const std::uint64_t min_cap = trace::min_capacity(

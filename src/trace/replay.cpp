@@ -4,6 +4,7 @@
 #include "trace/replay.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <unordered_map>
@@ -308,10 +309,28 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
 
 void check_trace(const Trace& trace) { (void)compile(trace); }
 
+namespace {
+
+// Whether `frame` ("file.py:42:function") names `what` ("file.py:42", "file.py", "42:function"):
+// an occurrence not inside a longer name or number, so that train.py:42 is not train.py:420 nor
+// mytrain.py:42.
+bool frame_names(std::string_view frame, std::string_view what) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (std::size_t at = frame.find(what); at != std::string_view::npos; at = frame.find(what, at + 1)) {
+    const std::size_t end = at + what.size();
+    const bool starts = at == 0 || !word(what.front()) || !word(frame[at - 1]);
+    const bool ends = end == frame.size() || !word(what.back()) || !word(frame[end]);
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_view frame) {
   std::vector<bool> matches(trace.frames.size());
   for (std::size_t f = 1; f < trace.frames.size(); ++f)
-    matches[f] = !frame.empty() && trace.frames[f].find(frame) != std::string::npos;
+    matches[f] = !frame.empty() && frame_names(trace.frames[f], frame);
   auto at = [&](std::size_t i) {
     return i < trace.events.size() && trace.events[i].user_frame < matches.size() && matches[trace.events[i].user_frame];
   };

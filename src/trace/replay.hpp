@@ -117,8 +117,9 @@ struct ReplayResult {
 };
 
 // Step ends where a known line ends a step (the optimizer.step() call, where gmem.torch marks
-// steps): after the last event of each run of events whose user frame contains `frame`.
-// Ascending event indices, as ReplayOptions::step_ends; none when no frame contains it.
+// steps): after the last event of each run of events whose user frame names `frame` (whole
+// names and numbers: train.py:42 is not train.py:420 nor mytrain.py:42).
+// Ascending event indices, as ReplayOptions::step_ends; none when no frame names it.
 std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_view frame);
 
 // Step ends at the trace's own step markers, when they are gmem's (a snapshot written under gmem,

@@ -391,12 +391,18 @@ TEST(Replay, TrainingWithEvaluationSettles) {
 
 TEST(Replay, StepEndsAfterAFrame) {
   // Each run of events from the frame ends a step at its last event; a frame no event has: none.
+  // A line is a whole number (train.py:1 is not train.py:10, train.py:42 not train.py:420) and a
+  // file a whole name (train.py is not mytrain.py); a file alone names all its lines.
   Trace t;
-  t.frames = {"", "train.py:10:step", "train.py:11:step"};
-  const std::uint32_t frames[] = {0, 1, 1, 2, 1, 0, 0, 1};
+  t.frames = {"", "train.py:10:step", "train.py:11:step", "train.py:100:step", "mytrain.py:10:step"};
+  const std::uint32_t frames[] = {0, 1, 1, 2, 1, 0, 0, 1, 3, 4, 0};
   for (const std::uint32_t f : frames) t.events.push_back(Event{.user_frame = f});
   EXPECT_EQ(step_ends_after_frame(t, "train.py:10"), (std::vector<std::size_t>{2, 4, 7}));
-  EXPECT_EQ(step_ends_after_frame(t, "train.py:1"), (std::vector<std::size_t>{4, 7}));
+  EXPECT_EQ(step_ends_after_frame(t, "train.py:10:step"), (std::vector<std::size_t>{2, 4, 7}));
+  EXPECT_EQ(step_ends_after_frame(t, "train.py"), (std::vector<std::size_t>{4, 8}));
+  EXPECT_EQ(step_ends_after_frame(t, "mytrain.py:10"), (std::vector<std::size_t>{9}));
+  EXPECT_TRUE(step_ends_after_frame(t, "train.py:1").empty());
+  EXPECT_TRUE(step_ends_after_frame(t, "rain.py").empty());
   EXPECT_TRUE(step_ends_after_frame(t, "other.py").empty());
   EXPECT_TRUE(step_ends_after_frame(t, "").empty());
 }

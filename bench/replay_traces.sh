@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Replays every trace as gmem.torch would run its program: training marked at its optimizer step
+# (the line of optimizer.step() in the capturing script, where gmem.torch marks steps; traces
+# whose line is not known here are marked where live memory falls back to its baseline), serving
+# and generation unmarked (they have no optimizer, so nothing marks them). One line a trace:
+# reserved and smallest cap over peak allocated, device calls in the second half and modelled
+# device ms a step there, and the calls made in new steps / steps seen once before / steps seen
+# twice or more (`gmem replay --steps`). The figures of docs/engine.md's tables and the closing
+# notes come from here.
+#   bench/replay_traces.sh [GMEM_BINARY]   (held-out traces from $HELDOUT, default .gpuwork/heldout)
+set -u
+cd "$(dirname "$0")/.."
+gmem=${1:-build/gmem}
+heldout=${HELDOUT:-.gpuwork/heldout}
+# trace name -> how its program is marked (a --step-at frame, "minima" or "unmarked")
+marks() {
+  case $1 in
+    deeplab_varsize) echo capture2.py:31 ;;
+    llama_rounds) echo models.py:168 ;;
+    moe|t5_varlen|bert_varlen|gpt2_compiled|lora_llama|gpt2_dynamic|unet|convnext_multiscale|vit) echo models.py:39 ;;
+    gpt2_accum) echo models.py:424 ;;
+    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak) echo unmarked ;;
+    *) echo minima ;;
+  esac
+}
+for f in tests/data/*.trace.csv.gz "$heldout"/*.trace.csv.gz; do
+  [ -f "$f" ] || continue
+  name=$(basename "$f" .trace.csv.gz)
+  how=$(marks "$name")
+  case $how in
+    unmarked) args=(--no-plan) ;;
+    minima) args=() ;;
+    *) args=(--step-at "$how") ;;
+  esac
+  "$gmem" replay --json --steps "${args[@]}" "$f" | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+calls = [0, 0, 0]
+for s in r.get("per_step", []):
+    calls[min(s["times_seen"], 2)] += s["device_calls"]
+ms = r["device_ms_per_step"]
+print("%-20s %-15s reserved %.3f  cap %.3f  late calls %6d  ms/step %6.2f  calls new/once/twice %d/%d/%d"
+      % (r["trace"], sys.argv[1], r["reserved_ratio"], r["min_capacity_ratio"], r["late_device_calls"],
+         ms if ms is not None else 0.0, *calls))' "$how"
+done
