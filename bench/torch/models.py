@@ -705,15 +705,7 @@ def gpt2_compiled_step(torch, steps, seed=0, batch=8, length=512):
     model = GPT2LMHeadModel(config).cuda().train()
     compiled = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step(i):
-        ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = compiled(input_ids=ids, labels=ids).loss
-        return finish_training_step(optimizer, loss)
-
-    step.shapes = ["%d x %d" % (batch, length)] * steps
-    return step
+    return _causal_lm_steps(torch, compiled, config.vocab_size, optimizer, batch, [length] * steps)
 
 
 # --- held-out, third batch (2026-11-24): serving at the sizes served on one H100 ---------------
@@ -776,6 +768,21 @@ def bert_large_serve_step(torch, steps, seed=0):
 # resolutions a user asks for.
 
 
+def _causal_lm_steps(torch, model, vocab_size, optimizer, batch, lengths):
+    """Training steps of a transformers causal LM (`model`, compiled or not) on random tokens:
+    step i is batch x lengths[i] under bf16 autocast, the labels the inputs (the model shifts
+    them), then finish_training_step."""
+
+    def step(i):
+        ids = torch.randint(0, vocab_size, (batch, lengths[i]), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
+    return step
+
+
 def _lora(torch, base, rank=16, alpha=32):
     """`base` (an nn.Linear, frozen) plus a trainable low-rank update B @ A scaled by alpha/rank,
     B starting at zero, as LoRA adapters are (fp32 adapter weights on a bf16 base)."""
@@ -820,15 +827,7 @@ def lora_llama_step(torch, steps, seed=0, batch=4):
     adapters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(adapters, lr=1e-4)
     lengths = [rng.randrange(256, 2049, 128) for _ in range(steps)]
-
-    def step(i):
-        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        return finish_training_step(optimizer, loss)
-
-    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
-    return step
+    return _causal_lm_steps(torch, model, config.vocab_size, optimizer, batch, lengths)
 
 
 def gpt2_dynamic_step(torch, steps, seed=0, batch=8):
@@ -844,15 +843,7 @@ def gpt2_dynamic_step(torch, steps, seed=0, batch=8):
     compiled = torch.compile(model, dynamic=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     lengths = [rng.randrange(128, 1025, 64) for _ in range(steps)]
-
-    def step(i):
-        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = compiled(input_ids=ids, labels=ids).loss
-        return finish_training_step(optimizer, loss)
-
-    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
-    return step
+    return _causal_lm_steps(torch, compiled, config.vocab_size, optimizer, batch, lengths)
 
 
 def diffusion_sample_step(torch, steps, seed=0, iterations=12):
