@@ -103,6 +103,7 @@ class CheckingDevice final : public Device {
   bool query_event(EventHandle event) override { return inner_.query_event(event); }
   void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
   double host_time() const override { return inner_.host_time(); }
+  CallTimes call_times() const override { return inner_.call_times(); }
 
   int maps() const {
     std::lock_guard lock(mutex_);
@@ -354,8 +355,12 @@ TEST_F(GpuTest, RepeatedStepsKeepTheirDataAndStopMapping) {
   Engine& engine = make_engine();
   const std::size_t sizes[] = {64 * kMiB, 3 * kMiB + 512, 100 * 1024, 33 * kMiB, 4096, 9 * kMiB};
   int maps_after_warmup = 0;
+  std::int64_t call_us_after_warmup = 0;
   for (int step = 0; step < 6; ++step) {
-    if (step == 2) maps_after_warmup = checking_->maps();
+    if (step == 2) {
+      maps_after_warmup = checking_->maps();
+      call_us_after_warmup = engine.stats().device_call_us;
+    }
     std::vector<Block> live;
     for (std::size_t i = 0; i < std::size(sizes); ++i) {
       live.push_back({engine.malloc(sizes[i], id(a_)), sizes[i], static_cast<std::uint32_t>(step * 100 + i)});
@@ -372,6 +377,10 @@ TEST_F(GpuTest, RepeatedStepsKeepTheirDataAndStopMapping) {
     for (const Block& b : live) engine.free(b.ptr);
   }
   EXPECT_EQ(checking_->maps(), maps_after_warmup);
+  // The driver's time was measured while mapping (each map and set-access takes microseconds),
+  // and the settled steps added none.
+  EXPECT_GT(call_us_after_warmup, 0);
+  EXPECT_EQ(engine.stats().device_call_us, call_us_after_warmup);
   engine.check_invariants();
 }
 

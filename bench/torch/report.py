@@ -169,6 +169,14 @@ def train_cell(r):
                                  " %5s" % maps if maps is not None else "")
 
 
+def timed_driver_ms(r):
+    """gmem's milliseconds in memory calls and in stream waits over the timed steps, or None."""
+    if not r or not r.get("step_call_us"):
+        return None
+    warmup = r.get("warmup", 0)
+    return (sum(r["step_call_us"][warmup:]) / 1e3, sum(r["step_wait_us"][warmup:]) / 1e3)
+
+
 def train_table(records):
     """Models (and capped runs) as rows, allocators side by side."""
     if not records:
@@ -199,6 +207,10 @@ def train_table(records):
         if varying and not cap and totals:
             out.append("  %s, the same lengths in the same order, timed steps in total: %s" % (
                 model, ", ".join("%s %.2f s" % (a, ms / 1e3) for a, ms in totals)))
+            driver = timed_driver_ms(runs.get("gmem"))
+            if driver:
+                out.append("  %s, gmem's host time in the driver over its timed steps: %.1f ms in "
+                           "memory calls, %.1f ms waiting for streams" % ((model,) + driver))
     for r in records:
         if "error" in r:
             out.append("  %s %s%s failed: %s" % (r["model"], r["allocator"],

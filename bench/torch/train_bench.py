@@ -142,6 +142,8 @@ PER_STEP_STATS = {
     "step_maps": "gmem.num_maps",           # device maps
     "step_plans": "gmem.plans",             # plans taken into use: a shape's first step on its plan
     "step_waits": "num_sync_all_streams",   # host waits for a stream
+    "step_call_us": "gmem.device_call_us",  # host time in the driver's memory calls
+    "step_wait_us": "gmem.stream_wait_us",  # host time blocked waiting for a stream
 }
 
 
@@ -321,6 +323,9 @@ def show(paths):
                   f"maps after warm-up {r.get('maps_after_warmup')} {r.get('error', '')}")
             if r.get("step_maps"):
                 print("   maps", r["step_maps"])
+            if r.get("step_call_us"):  # the driver's memory calls and stream waits, ms a step
+                print("   call ms", [round(us / 1000, 1) for us in r["step_call_us"]])
+                print("   wait ms", [round(us / 1000, 1) for us in r["step_wait_us"]])
             print("   ms", r.get("step_ms"))
 
 

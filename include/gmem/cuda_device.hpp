@@ -17,7 +17,9 @@
 // from any thread whatever context it has current.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -62,10 +64,13 @@ class CudaDevice final : public Device {
   void record_event(EventHandle event, StreamId stream) override;
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
+  CallTimes call_times() const override;
 
  private:
   int device_;
   void* context_ = nullptr;  // CUcontext: the retained primary context
+  // Nanoseconds spent in the memory calls and in synchronize_event (call_times()).
+  std::atomic<std::uint64_t> calls_ns_{0}, waits_ns_{0};
   bool rdma_ = false;        // chunks are GPUDirect RDMA capable
   std::size_t granularity_ = 0;
   std::string name_;

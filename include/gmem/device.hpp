@@ -63,6 +63,18 @@ class Device {
     return std::chrono::duration<double, std::micro>(
                std::chrono::steady_clock::now().time_since_epoch()).count();
   }
+
+  // What the device's memory calls cost the host since it was made, in microseconds: the time
+  // spent in create_chunk, release_chunk, map, unmap and set_access, and blocked in
+  // synchronize_event (the engine waits for a stream before it unmaps or reuses a page the stream
+  // may still use). Measured by CudaDevice, modelled by SimulatedDevice, zero where a device does
+  // not keep them; a device that wraps another forwards it. The engine's stats report them as
+  // gmem.device_call_us and gmem.stream_wait_us. Called from any thread.
+  struct CallTimes {
+    double calls_us = 0;
+    double waits_us = 0;
+  };
+  virtual CallTimes call_times() const { return {}; }
 };
 
 }  // namespace gmem

@@ -145,6 +145,7 @@ class SimulatedDevice final : public Device {
   double modelled_call_us() const;
   // Host time spent in synchronize_event waiting for a stream to reach the event.
   double modelled_wait_us() const;
+  CallTimes call_times() const override;  // the two above
 
   std::size_t chunk_bytes() const;     // physical memory created and not released
   std::size_t mapped_bytes() const;    // bytes of virtual address space that are mapped

@@ -86,6 +86,12 @@ struct MemoryStats {
   std::int64_t plan_extent_bytes = 0;
   std::int64_t plans_ahead = 0;
   std::int64_t plan_wait_us = 0;
+  // What the device's memory calls cost the host (Device::call_times): microseconds in cuMemCreate,
+  // cuMemMap, cuMemSetAccess, cuMemUnmap and cuMemRelease, and blocked waiting for a stream to
+  // catch up before a page it may still use is unmapped or reused. Measured on a GPU, modelled
+  // on the simulated device. A steady state adds nothing to either.
+  std::int64_t device_call_us = 0;
+  std::int64_t stream_wait_us = 0;
   // Derived (Engine::detailed_stats() only): the largest free virtual range backed by memory
   // that is ready to use.
   std::int64_t largest_free_range = 0;

@@ -126,6 +126,13 @@ void gmem_rows(Table& table, const MemoryStats& stats, const std::vector<TopAllo
              std::to_string(stats.segment[kSmallPool].current) + " small-pool slabs");
   table.line(" " + pad("Maps / unmaps", 21) + " | " + std::to_string(stats.num_maps) + " / " +
              std::to_string(stats.num_unmaps) + ", stitched mallocs: " + std::to_string(stats.num_stitches));
+  // What those calls cost the program's host thread: where it grows step after step, the layout
+  // has not settled.
+  char cost[96];
+  std::snprintf(cost, sizeof cost, "%.1f ms in calls, %.1f ms waiting for streams",
+                static_cast<double>(stats.device_call_us) / 1e3,
+                static_cast<double>(stats.stream_wait_us) / 1e3);
+  table.line(" " + pad("Driver time", 21) + " | " + cost);
   if (top.empty()) return;
   table.rule('=');
   table.line(" " + pad("Top " + std::to_string(top.size()) + " sites by live bytes", 46) +

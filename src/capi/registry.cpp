@@ -86,6 +86,7 @@ class RecordingDevice final : public Device {
   bool query_event(EventHandle event) override { return inner_->query_event(event); }
   void synchronize_event(EventHandle event) override { inner_->synchronize_event(event); }
   double host_time() const override { return inner_->host_time(); }
+  CallTimes call_times() const override { return inner_->call_times(); }
 
  private:
   std::unique_ptr<Device> inner_;

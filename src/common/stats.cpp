@@ -31,6 +31,8 @@ constexpr std::pair<std::string_view, Scalar> kScalars[] = {
     {"gmem.plan_extent_bytes", &MemoryStats::plan_extent_bytes},
     {"gmem.plans_ahead", &MemoryStats::plans_ahead},
     {"gmem.plan_wait_us", &MemoryStats::plan_wait_us},
+    {"gmem.device_call_us", &MemoryStats::device_call_us},
+    {"gmem.stream_wait_us", &MemoryStats::stream_wait_us},
     {"gmem.largest_free_range", &MemoryStats::largest_free_range},
     {"gmem.device_total_bytes", &MemoryStats::device_total_bytes},
     {"gmem.device_free_bytes", &MemoryStats::device_free_bytes},

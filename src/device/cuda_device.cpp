@@ -1,6 +1,8 @@
 // CudaDevice: gmem::Device over the CUDA driver's virtual memory management API.
 #include "gmem/cuda_device.hpp"
 
+#include <chrono>
+
 #include "device/cuda_driver.hpp"
 #include "gmem/error.hpp"
 
@@ -8,6 +10,24 @@ namespace gmem {
 namespace {
 
 CUcontext as_context(void* context) { return static_cast<CUcontext>(context); }
+
+// Adds the time from its making to its end (an exception's way out included) to `total`.
+class Timed {
+ public:
+  explicit Timed(std::atomic<std::uint64_t>& total)
+      : total_(total), began_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - began_);
+    total_.fetch_add(static_cast<std::uint64_t>(ns.count()), std::memory_order_relaxed);
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  std::atomic<std::uint64_t>& total_;
+  std::chrono::steady_clock::time_point began_;
+};
 
 CUmemAllocationProp chunk_properties(int device, bool rdma) {
   CUmemAllocationProp prop = {};
@@ -83,6 +103,7 @@ void CudaDevice::release_address(DevicePtr base, std::size_t size) {
 }
 
 ChunkHandle CudaDevice::create_chunk(std::size_t size) {
+  const Timed timed(calls_ns_);
   cuda::ContextGuard guard(as_context(context_));
   const CUmemAllocationProp prop = chunk_properties(device_, rdma_);
   CUmemGenericAllocationHandle handle = 0;
@@ -91,12 +112,14 @@ ChunkHandle CudaDevice::create_chunk(std::size_t size) {
 }
 
 void CudaDevice::release_chunk(ChunkHandle chunk) {
+  const Timed timed(calls_ns_);
   cuda::ContextGuard guard(as_context(context_));
   cuda::check(cuda::driver().cuMemRelease(static_cast<CUmemGenericAllocationHandle>(chunk)),
               "cuMemRelease");
 }
 
 void CudaDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
+  const Timed timed(calls_ns_);
   cuda::ContextGuard guard(as_context(context_));
   cuda::check(cuda::driver().cuMemMap(static_cast<CUdeviceptr>(va), size, 0,
                                       static_cast<CUmemGenericAllocationHandle>(chunk), 0),
@@ -104,11 +127,13 @@ void CudaDevice::map(DevicePtr va, std::size_t size, ChunkHandle chunk) {
 }
 
 void CudaDevice::unmap(DevicePtr va, std::size_t size) {
+  const Timed timed(calls_ns_);
   cuda::ContextGuard guard(as_context(context_));
   cuda::check(cuda::driver().cuMemUnmap(static_cast<CUdeviceptr>(va), size), "cuMemUnmap");
 }
 
 void CudaDevice::set_access(DevicePtr va, std::size_t size) {
+  const Timed timed(calls_ns_);
   cuda::ContextGuard guard(as_context(context_));
   CUmemAccessDesc access = {};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -136,7 +161,13 @@ bool CudaDevice::query_event(EventHandle event) {
 }
 
 void CudaDevice::synchronize_event(EventHandle event) {
+  const Timed timed(waits_ns_);
   cuda::synchronize_event(as_context(context_), reinterpret_cast<CUevent>(event));
+}
+
+Device::CallTimes CudaDevice::call_times() const {
+  return {static_cast<double>(calls_ns_.load(std::memory_order_relaxed)) / 1e3,
+          static_cast<double>(waits_ns_.load(std::memory_order_relaxed)) / 1e3};
 }
 
 }  // namespace gmem

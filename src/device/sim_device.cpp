@@ -467,6 +467,11 @@ double SimulatedDevice::modelled_wait_us() const {
   return wait_us_;
 }
 
+Device::CallTimes SimulatedDevice::call_times() const {
+  std::lock_guard lock(mutex_);
+  return {call_us_, wait_us_};
+}
+
 std::size_t SimulatedDevice::chunk_bytes() const {
   std::lock_guard lock(mutex_);
   return chunk_bytes_;

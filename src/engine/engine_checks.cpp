@@ -46,6 +46,9 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   s.plan_extent_bytes = static_cast<std::int64_t>(plan.extent);
   s.plans_ahead = static_cast<std::int64_t>(plan.ahead);
   s.plan_wait_us = static_cast<std::int64_t>(plan.wait_ns / 1000);
+  const Device::CallTimes times = device_.call_times();
+  s.device_call_us = static_cast<std::int64_t>(times.calls_us);
+  s.stream_wait_us = static_cast<std::int64_t>(times.waits_us);
   s.free_mapped_bytes = (held - spare - used) * gran;
   s.free_unmapped_bytes = spare * gran;
   s.partial_page_bytes = used * gran - static_cast<std::int64_t>(acc.range_bytes) - slab_bytes;

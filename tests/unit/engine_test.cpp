@@ -632,6 +632,39 @@ TEST(Engine, OtherStreamReusesMemoryOnlyAfterTheFreeingStreamCaughtUp) {
   engine.check_invariants();
 }
 
+// gmem.device_call_us and gmem.stream_wait_us: what mapping and waiting cost the host, which
+// is what a user weighs a setting by. On the simulated device they are its modelled figures.
+TEST(Engine, StatsSayWhatDeviceCallsAndStreamWaitsCostTheHost) {
+  SimDeviceOptions options = device_of(64 * MiB);
+  options.lag_us = 5000;  // the GPU 5 ms behind the host
+  SimulatedDevice device(options);
+  Engine engine(device);
+  constexpr StreamId a = 1, b = 2;
+  auto step = [&] {
+    void* x = engine.malloc(20 * MiB, a);
+    void* y = engine.malloc(6 * MiB, a);
+    engine.free(x);
+    engine.free(y);
+  };
+  step();
+  const MemoryStats first = engine.stats();
+  EXPECT_GT(first.device_call_us, 0);
+  EXPECT_EQ(first.device_call_us, static_cast<std::int64_t>(device.modelled_call_us()));
+  EXPECT_EQ(first.stream_wait_us, 0);
+  for (int i = 0; i < 3; ++i) step();  // the steady state costs nothing
+  EXPECT_EQ(engine.stats().device_call_us, first.device_call_us);
+  EXPECT_EQ(engine.stats().stream_wait_us, 0);
+
+  // Stream b needs all the memory while stream a's GPU work may still use it: b waits for a.
+  void* z = engine.malloc(60 * MiB, b);
+  const MemoryStats after = engine.stats();
+  EXPECT_GT(after.stream_wait_us, 0);
+  EXPECT_EQ(after.stream_wait_us, static_cast<std::int64_t>(device.modelled_wait_us()));
+  EXPECT_GT(after.device_call_us, first.device_call_us);
+  engine.free(z);
+  engine.check_invariants();
+}
+
 TEST(Engine, StitchingOnOneStreamNeedsNoWait) {
   // A chunk freed on a stream is mapped at its new place as an alias, without being unmapped
   // where it was: the stream's later kernels come after its earlier ones, so no wait.

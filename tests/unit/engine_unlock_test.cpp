@@ -76,6 +76,7 @@ class GatedDevice final : public Device {
     sim.synchronize_event(event);
   }
   double host_time() const override { return sim.host_time(); }
+  CallTimes call_times() const override { return sim.call_times(); }
 
   std::size_t granularity() const override { return sim.granularity(); }
   DeviceMemInfo mem_info() override { return sim.mem_info(); }
