@@ -35,9 +35,7 @@ for f in tests/data/*.trace.csv.gz "$heldout"/*.trace.csv.gz; do
   "$gmem" replay --json --steps "${args[@]}" "$f" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-calls = [0, 0, 0]
-for s in r.get("per_step", []):
-    calls[min(s["times_seen"], 2)] += s["device_calls"]
+calls = r.get("device_calls_by_times_seen", [0, 0, 0])
 ms = r["device_ms_per_step"]
 print("%-20s %-15s reserved %.3f  cap %.3f  late calls %6d  ms/step %6.2f  calls new/once/twice %d/%d/%d"
       % (r["trace"], sys.argv[1], r["reserved_ratio"], r["min_capacity_ratio"], r["late_device_calls"],

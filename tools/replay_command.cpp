@@ -146,6 +146,21 @@ double late_device_ms(const trace::ReplayResult& r) {
   return r.late_steps ? ms / static_cast<double>(r.late_steps) : ms;
 }
 
+// Device calls and steps by whether a step's requests were seen before: [0] new, [1] seen once
+// (the step that first follows its plan), [2] seen twice or more (should make none).
+struct CallsBySeen {
+  std::uint64_t calls[3] = {}, steps[3] = {};
+};
+CallsBySeen calls_by_seen(const std::vector<trace::StepFigures>& steps) {
+  CallsBySeen by;
+  for (const trace::StepFigures& s : steps) {
+    const std::size_t kind = std::min<std::size_t>(s.times_seen, 2);
+    by.calls[kind] += s.device_calls;
+    ++by.steps[kind];
+  }
+  return by;
+}
+
 // `--steps`' and `--passes`' figures, as an array under `key` (nothing when there are none).
 void write_figures(json::Writer& w, const char* key, const std::vector<trace::StepFigures>& all) {
   if (all.empty()) return;
@@ -198,6 +213,12 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
   if (r.late_steps) w.field("device_ms_per_step", late_device_ms(r));
   else w.field("device_ms_per_step", nullptr);
   write_figures(w, "per_step", r.per_step);  // --steps
+  if (!r.per_step.empty()) {
+    const CallsBySeen by = calls_by_seen(r.per_step);
+    w.key("device_calls_by_times_seen").begin_array();  // new, once, twice or more
+    for (const std::uint64_t calls : by.calls) w.value(calls);
+    w.end_array();
+  }
   write_figures(w, "per_pass", r.per_pass);  // --passes
   w.field("failed", r.failed);
   if (r.failed) w.field("failure", r.failure);
@@ -224,9 +245,6 @@ void print_steps(const std::string& trace, const std::vector<trace::StepFigures>
   Table table({"step", "event", "repeats step", "device calls", "device ms", "reserved",
                "peak reserved / peak allocated"},
               {true, true, true, true, true, true, true});
-  // Device calls by whether the step's requests were seen before: new, seen once (the step
-  // that first follows its plan), seen twice or more (should make none).
-  std::uint64_t calls[3] = {}, count[3] = {};
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const trace::StepFigures& s = steps[i];
     table.add({std::to_string(i + 1), std::to_string(s.event),
@@ -235,15 +253,12 @@ void print_steps(const std::string& trace, const std::vector<trace::StepFigures>
                s.peak_allocated ? fixed(static_cast<double>(s.peak_reserved) /
                                             static_cast<double>(s.peak_allocated), 3)
                                 : "-"});
-    const std::size_t kind = std::min<std::size_t>(s.times_seen, 2);
-    calls[kind] += s.device_calls;
-    ++count[kind];
   }
   table.print(stdout);
+  const CallsBySeen by = calls_by_seen(steps);
+  auto n = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
   std::printf("device calls: %llu in %llu new steps, %llu in %llu seen once before, %llu in %llu seen twice or more\n",
-              static_cast<unsigned long long>(calls[0]), static_cast<unsigned long long>(count[0]),
-              static_cast<unsigned long long>(calls[1]), static_cast<unsigned long long>(count[1]),
-              static_cast<unsigned long long>(calls[2]), static_cast<unsigned long long>(count[2]));
+              n(by.calls[0]), n(by.steps[0]), n(by.calls[1]), n(by.steps[1]), n(by.calls[2]), n(by.steps[2]));
 }
 
 }  // namespace
