@@ -64,6 +64,11 @@ PROGRAMS = {
     "lora_llama": ("lora_llama_step", 30, "alloc"),
     "gpt2_dynamic": ("gpt2_dynamic_step", 24),
     "diffusion_sample": ("diffusion_sample_step", 16),
+    # held-out, fifth batch: shapes new every step, two optimizers, LSTM, CUDA graphs
+    "gnn_random": ("gnn_random_step", 16),
+    "dlrm_sparse": ("dlrm_sparse_step", 16),
+    "lstm_varlen": ("lstm_varlen_step", 16),
+    "gpt2_cudagraphs": ("gpt2_cudagraphs_step", 12),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

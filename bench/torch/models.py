@@ -871,3 +871,168 @@ def diffusion_sample_step(torch, steps, seed=0, iterations=12):
 
     step.shapes = ["%d x %d px" % r for r in requests]
     return step
+
+
+# --- held-out, fifth batch (2026-11-25): shapes new every step, two optimizers, CUDA graphs ----
+# Kinds the first four batches lack: training whose block sizes are drawn anew every step (graph
+# networks on sampled subgraphs, recommendation models' sparse gradients), a loop with two
+# optimizers (two optimizer steps per iteration), cuDNN's LSTM on packed sequences, and training
+# replayed as CUDA graphs from a private pool (torch.compile's reduce-overhead).
+
+
+def gnn_random_step(torch, steps, seed=0, features=256, hidden=512, layers=3, classes=40):
+    """A graph network of three GCN-style layers (Linear, then messages gathered along the edges
+    and summed into their targets with index_add_, divided by the in-degree, ReLU) trained with
+    AdamW under bf16 autocast on a random graph a step: 20k..200k nodes of 256 features, 4..16
+    edges a node. No two steps share a shape, as when training on sampled subgraphs."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+
+    class GCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            dims = [features] + [hidden] * (layers - 1) + [classes]
+            self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+
+        def forward(self, x, src, dst, norm):
+            for k, lin in enumerate(self.lins):
+                x = lin(x)
+                x = torch.zeros_like(x).index_add_(0, dst, x[src]) * norm[:, None]
+                if k < len(self.lins) - 1:
+                    x = torch.relu(x)
+            return x
+
+    model = GCN().cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    graphs = [(rng.randint(20000, 200000), rng.randint(4, 16)) for _ in range(steps)]
+
+    def step(i):
+        nodes, degree = graphs[i]
+        x = torch.randn(nodes, features, device="cuda")
+        src = torch.randint(0, nodes, (nodes * degree,), device="cuda")
+        dst = torch.randint(0, nodes, (nodes * degree,), device="cuda")
+        norm = torch.bincount(dst, minlength=nodes).clamp(min=1).float().reciprocal()
+        labels = torch.randint(0, classes, (nodes,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x, src, dst, norm)
+        loss = torch.nn.functional.cross_entropy(out.float(), labels)
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d nodes x %d edges" % (n, n * d) for n, d in graphs]
+    return step
+
+
+def dlrm_sparse_step(torch, steps, seed=0, batch=16384, tables=8, rows=1000000, dim=64):
+    """A recommendation model of DLRM's form: 8 tables of 1M x 64 (fp32, 2 GiB in all) read
+    by EmbeddingBag(mode="sum", sparse=True) over bags of 1..60 random ids a sample, a bottom
+    MLP over 13 dense features, the pairwise dot products of the 9 vectors, a top MLP; batch
+    16,384. Two optimizers, as DLRM trains: SGD on the tables' sparse gradients (sized by the
+    ids drawn, so different every step) and AdamW on the MLPs."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+
+    class DLRM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
+                                        for _ in range(tables))
+            self.bottom = nn.Sequential(nn.Linear(13, 512), nn.ReLU(), nn.Linear(512, 256),
+                                        nn.ReLU(), nn.Linear(256, dim), nn.ReLU())
+            pairs = (tables + 1) * tables // 2
+            self.top = nn.Sequential(nn.Linear(dim + pairs, 1024), nn.ReLU(),
+                                     nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
+
+        def forward(self, dense, bags):
+            x = self.bottom(dense)
+            z = torch.stack([x] + [t(ids, offsets) for t, (ids, offsets) in zip(self.tables, bags)],
+                            dim=1)
+            dots = torch.bmm(z, z.transpose(1, 2))
+            li, lj = torch.tril_indices(tables + 1, tables + 1, offset=-1, device=z.device)
+            return self.top(torch.cat([x, dots[:, li, lj]], dim=1)).squeeze(1)
+
+    with torch.device("cuda"):
+        model = DLRM().train()
+    sparse = torch.optim.SGD(model.tables.parameters(), lr=0.01)
+    dense = torch.optim.AdamW(list(model.bottom.parameters()) + list(model.top.parameters()),
+                              lr=1e-3)
+
+    def step(i):
+        bags = []
+        for _ in range(tables):
+            lengths = torch.randint(1, 61, (batch,), device="cuda")
+            offsets = torch.cumsum(lengths, 0) - lengths
+            bags.append((torch.randint(0, rows, (int(lengths.sum()),), device="cuda"), offsets))
+        dense_x = torch.randn(batch, 13, device="cuda")
+        labels = torch.randint(0, 2, (batch,), device="cuda").float()
+        loss = nn.functional.binary_cross_entropy_with_logits(model(dense_x, bags), labels)
+        loss.backward()
+        sparse.step()
+        dense.step()
+        sparse.zero_grad(set_to_none=True)
+        dense.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["batch %d, bags of 1..60" % batch] * steps
+    return step
+
+
+def lstm_varlen_step(torch, steps, seed=0, batch=64, vocab=32000, dim=1024, layers=2):
+    """An LSTM language model (embedding, cuDNN LSTM of 2 layers of 1024, output over 32,000
+    tokens; fp32) trained with AdamW on packed batches (pack_padded_sequence) of 64 sequences,
+    each of a length drawn from 16..512: the packed total and the longest differ every step."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            self.lstm = nn.LSTM(dim, dim, layers, batch_first=True)
+            self.out = nn.Linear(dim, vocab)
+
+        def forward(self, ids, lengths):
+            packed = nn.utils.rnn.pack_padded_sequence(self.embed(ids), lengths, batch_first=True,
+                                                       enforce_sorted=False)
+            hidden, _ = self.lstm(packed)
+            return self.out(hidden.data)
+
+    model = LM().cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    plan = [[rng.randint(16, 512) for _ in range(batch)] for _ in range(steps)]
+
+    def step(i):
+        lengths = plan[i]
+        ids = torch.randint(0, vocab, (batch, max(lengths)), device="cuda")
+        logits = model(ids, lengths)
+        labels = torch.randint(0, vocab, (logits.shape[0],), device="cuda")
+        return finish_training_step(optimizer, nn.functional.cross_entropy(logits, labels))
+
+    step.shapes = ["%d sequences, %d tokens, longest %d" % (batch, sum(p), max(p)) for p in plan]
+    return step
+
+
+def gpt2_cudagraphs_step(torch, steps, seed=0, batch=8, length=512):
+    """transformers GPT-2 124M (random init) training under torch.compile(mode="reduce-overhead"):
+    forward and backward replayed as CUDA graphs out of cudagraph trees' private pool, bf16
+    autocast, AdamW, 8 x 512 random tokens, cudagraph_mark_step_begin() before each step as the
+    docs ask of a training loop."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().train()
+    loss_of = torch.compile(lambda ids: model(input_ids=ids, labels=ids).loss,
+                            mode="reduce-overhead")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        torch.compiler.cudagraph_mark_step_begin()
+        ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(ids)
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, length)] * steps
+    return step

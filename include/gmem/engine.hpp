@@ -39,6 +39,15 @@ struct EngineOptions {
   // next step creates again), and from then on keeps what was used since the call before
   // (docs/engine.md, "empty_cache after every step"; MemoryStats::empty_cache_kept_bytes).
   bool strict_empty_cache = false;
+  // Once mapped, a page keeps its chunk until empty_cache() or the limit gives it back, and no
+  // chunk is mapped at two pages: no stitching, no remapping, no stealing across streams, and
+  // no planned step layouts (mark_step() does nothing; plans alias); a page that needs memory
+  // gets a new chunk. What a CUDA graph's private pool needs (gmem_pool_create sets it): a
+  // replay runs every captured kernel against the mappings of the moment, so a page remapped or
+  // aliased after a kernel was captured would move that kernel's memory under it, and with
+  // nothing to unmap a malloc never waits for a stream, which a capture forbids. Costs the
+  // memory that stitching would have reused at new addresses.
+  bool stable_pages = false;
 };
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).

@@ -74,7 +74,9 @@ typedef struct gmem_engine gmem_engine_t;
 /* The engine behind gmem_malloc for `device` (-1 = current); lives as long as the process. */
 gmem_status_t gmem_device_engine(int device, gmem_engine_t** engine);
 /* A new private pool on `device`, with the device engine's settings: its memory limit, page size
- * (GMEM_PAGE_SIZE) and empty_cache rule (GMEM_EMPTY_CACHE). */
+ * (GMEM_PAGE_SIZE) and empty_cache rule (GMEM_EMPTY_CACHE). Its pages are stable
+ * (EngineOptions::stable_pages): once mapped, a page keeps its chunk and no chunk is mapped twice,
+ * so that a CUDA graph captured into the pool replays against the memory it was captured with. */
 gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool);
 /* Destroys a pool, giving its memory back to the device. Refused (GMEM_ERROR_INVALID_ARGUMENT)
  * while it has live blocks, and for a device's own engine. */

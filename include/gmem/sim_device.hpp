@@ -149,6 +149,7 @@ class SimulatedDevice final : public Device {
 
   std::size_t chunk_bytes() const;     // physical memory created and not released
   std::size_t mapped_bytes() const;    // bytes of virtual address space that are mapped
+  std::size_t max_chunk_maps() const;  // the most addresses one chunk is mapped at now (aliases)
   std::size_t reserved_address_bytes() const;
   bool is_mapped(DevicePtr va) const;  // the granule containing va is mapped
   bool is_accessible(DevicePtr va) const;  // mapped and set_access'ed

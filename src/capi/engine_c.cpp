@@ -78,8 +78,10 @@ gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool) {
     gmem_engine* device_engine = device_handle(device);
     auto handle = std::make_unique<gmem_engine>();
     handle->context = device_engine->context;
-    // The device engine's settings (GMEM_PAGE_SIZE, GMEM_EMPTY_CACHE, its memory limit now).
-    const gmem::EngineOptions options = device_engine->engine->options();
+    // The device engine's settings (GMEM_PAGE_SIZE, GMEM_EMPTY_CACHE, its memory limit now),
+    // with stable pages: CUDA graphs are captured into pools.
+    gmem::EngineOptions options = device_engine->engine->options();
+    options.stable_pages = true;
     // Same Device object as the device's engine: its address ranges land in the same address
     // book (so owner lookups still find the device), its chunks come from the same GPU.
     handle->owned = std::make_unique<gmem::Engine>(*handle->context->device, options);

@@ -482,6 +482,13 @@ std::size_t SimulatedDevice::mapped_bytes() const {
   return granules_.size() * options_.granularity;
 }
 
+std::size_t SimulatedDevice::max_chunk_maps() const {
+  std::lock_guard lock(mutex_);
+  std::size_t most = 0;
+  for (const auto& [chunk, maps] : chunk_maps_) most = std::max(most, maps);
+  return most;
+}
+
 std::size_t SimulatedDevice::reserved_address_bytes() const {
   std::lock_guard lock(mutex_);
   std::size_t total = 0;

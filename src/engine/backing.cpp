@@ -31,9 +31,11 @@ std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1
 }  // namespace
 
 Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
-                 EngineObserver* const& observer, BackingClient& client, std::size_t page_size)
+                 EngineObserver* const& observer, BackingClient& client, std::size_t page_size,
+                 bool stable_pages)
     : device_(device), streams_(streams), accounting_(accounting), observer_(observer),
-      client_(client), granularity_(device.granularity()), clash_rule_(device.host_time()) {
+      client_(client), granularity_(device.granularity()), stable_pages_(stable_pages),
+      clash_rule_(device.host_time()) {
   if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
     throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
                                             std::to_string(granularity_));
@@ -571,6 +573,12 @@ void Backing::note_unmapped(PageId id) {
 
 ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before) {
   if (chunks_.has_spare()) return chunks_.any_spare();
+  if (stable_pages_) [[unlikely]] {  // a spare or a new chunk, never one mapped elsewhere
+    if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
+    stage = kRetried;
+    client_.reclaim();
+    return chunks_.has_spare() ? chunks_.any_spare() : kNoChunk;
+  }
   // A warm-up step (steps marked: a shape's first, the first on a new plan) stitches: its
   // layout is not seen again, and chunks bought to settle it would be held for good.
   if (clashes_before > 0 && !planner_.warm_up() &&

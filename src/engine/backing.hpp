@@ -76,9 +76,10 @@ class Backing {
   // Throws Error(invalid_argument) for a device granularity that is not a power of two >= 512,
   // or a `page_size` (0: the device's granularity) that is not a power-of-two multiple of it up
   // to kMaxPageSize. `observer` is the engine's (read when a page is mapped or unmapped, or on
-  // OOM).
+  // OOM). `stable_pages`: EngineOptions::stable_pages (a page keeps its chunk, none aliased).
   Backing(Device& device, Streams& streams, Accounting& accounting,
-          EngineObserver* const& observer, BackingClient& client, std::size_t page_size = 0);
+          EngineObserver* const& observer, BackingClient& client, std::size_t page_size = 0,
+          bool stable_pages = false);
   static constexpr std::size_t kMaxPageSize = std::size_t{1} << 30;
   ~Backing();  // unmaps every page, gives back every address range and chunk
   Backing(const Backing&) = delete;
@@ -120,7 +121,9 @@ class Backing {
   // A training step ends: from now on the range mallocs of one stream (the first to make one)
   // are recorded step by step, and once shapes take turns a step whose shape was seen before
   // takes its planned offsets.
-  void mark_step() { planner_.mark_step(); }
+  void mark_step() {
+    if (!stable_pages_) planner_.mark_step();  // a plan region's pages alias online chunks
+  }
   const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
 
   // --- reclaiming ---------------------------------------------------------------------------------
@@ -233,6 +236,9 @@ class Backing {
   BackingClient& client_;
   std::size_t granularity_;
   int page_shift_;
+  // EngineOptions::stable_pages: chunks come from the spares or the device, never from another
+  // page, so no page is ever aliased, remapped or waited for (acquire_chunk).
+  const bool stable_pages_;
   std::size_t device_total_;
   std::size_t arena_size_ = 0;
   std::size_t limit_ = 0;

@@ -129,6 +129,14 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         self.assertLess(r["reserved_after_pool_deleted"], r["reserved_with_pool"])
         self.assertTrue(r["pool_not_reused_outside"])
 
+    def test_cuda_graph_whose_pool_reuses_memory_at_other_sizes(self):
+        # Before pools had stable pages, gmem's pool stitched these blocks from chunks mapped
+        # elsewhere and remapped pages under capture, waiting on the capturing stream: the
+        # capture failed (as GPT-2 under torch.compile's reduce-overhead did, 2026-11-25).
+        r = run_worker("graph_reuse", "gmem")
+        self.assertTrue(r["captured"], r.get("error"))
+        self.assertTrue(r["replays_correct"], r["wrong"])
+
     def test_memory_history_and_snapshot_in_pytorch_tools(self):
         r = run_worker("history", "gmem")
         self.assertTrue(r["history_enabled"])
@@ -517,6 +525,51 @@ def worker_graph(torch, result):
     del graph, static_y, pool
 
 
+def worker_graph_reuse(torch, result):
+    """A graph captured into a private pool that reuses freed memory at other sizes, as a
+    model's forward and backward do: four passes of four blocks of 3..10 MiB (each made as
+    `full * scale`, so a temporary of the same size comes and goes), the pass's blocks freed at
+    its end, the last pass's kept as outputs. Replayed with three scales, every output checked."""
+    n = MiB // 4  # float32 elements in 1 MiB
+    passes = [(4, 6, 4, 10), (6, 4, 10, 4), (10, 4, 6, 4), (3, 9, 5, 7)]
+    scale = torch.ones(1, device="cuda")
+
+    def body():
+        sums = []
+        for sizes in passes:
+            kept = [torch.full((m * n,), float(m), device="cuda") * scale for m in sizes]
+            sums += [x.sum() for x in kept]
+        return sums, kept
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()  # warm-up, outside the graph's pool
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            sums, kept = body()
+        result["captured"] = True
+    except Exception as e:  # noqa: BLE001 (the test reports it)
+        result.update(captured=False, replays_correct=False, wrong=[],
+                      error="%s: %s" % (type(e).__name__, e))
+        return
+    wrong = []
+    for k in (2.0, 0.5, 3.0):
+        scale.fill_(k)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = [k * m * m * n for sizes in passes for m in sizes]
+        wrong += ["scale %g: sum %d is %g, not %g" % (k, i, s.item(), e)
+                  for i, (s, e) in enumerate(zip(sums, expected))
+                  if abs(s.item() - e) > 1e-5 * e]
+        wrong += ["scale %g: output of %d MiB is not %g throughout" % (k, m, k * m)
+                  for m, x in zip(passes[-1], kept) if not bool((x == k * m).all())]
+    result.update(replays_correct=not wrong, wrong=wrong[:8])
+    del graph, sums, kept
+
+
 def make_history_tensors(torch):
     keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (MiB, 3 * MiB, 5000)]
     temp = torch.empty(2 * MiB, device="cuda")
@@ -680,7 +733,8 @@ def worker(mode, allocator):
     workers = {"train": worker_train, "storages": worker_storages, "oom": worker_oom,
                "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
                "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
-               "sites": worker_sites, "graphs_compile": worker_graphs_compile}
+               "sites": worker_sites, "graphs_compile": worker_graphs_compile,
+               "graph_reuse": worker_graph_reuse}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()

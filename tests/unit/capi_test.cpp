@@ -402,6 +402,25 @@ TEST_F(CApi, PoolMemoryIsNeverHandedToTheDeviceEngine) {
   ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
 }
 
+TEST_F(CApi, PoolPagesKeepTheirChunks) {
+  // A pool is where CUDA graphs are captured: it never stitches a block from chunks mapped
+  // elsewhere (a replay would run the kernels captured on the old page against them), so a
+  // block that fits no free range gets chunks of its own, and the freed page keeps its chunk.
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(0, &pool), GMEM_OK) << last_error();
+  void *a = nullptr, *fence = nullptr, *b = nullptr, *again = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(pool, &a, 2 * kMiB, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_malloc(pool, &fence, 2 * kMiB, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_free(pool, a), GMEM_OK);
+  ASSERT_EQ(gmem_engine_malloc(pool, &b, 4 * kMiB, 0), GMEM_OK) << last_error();
+  EXPECT_EQ(stats_of(pool).reserved_bytes[0].current, static_cast<int64_t>(8 * kMiB));
+  ASSERT_EQ(gmem_engine_malloc(pool, &again, 2 * kMiB, 0), GMEM_OK) << last_error();
+  EXPECT_EQ(again, a);
+  EXPECT_EQ(stats_of(pool).reserved_bytes[0].current, static_cast<int64_t>(8 * kMiB));
+  for (void* p : {again, fence, b}) ASSERT_EQ(gmem_engine_free(pool, p), GMEM_OK);
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+}
+
 TEST_F(CApi, PoolListsItsBlocksAndEmptiesItsCache) {
   gmem_engine_t* pool = nullptr;
   ASSERT_EQ(gmem_pool_create(-1, &pool), GMEM_OK) << last_error();

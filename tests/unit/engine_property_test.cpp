@@ -57,13 +57,15 @@ void expect_physically_disjoint(const SimulatedDevice& device, const std::vector
 
 // lagging: streams finish their work only when the test says so (or the engine waits), as on
 // a GPU that runs behind the host.
-// page_size: EngineOptions::page_size (0: the device's granularity).
-void run_property(std::uint64_t seed, bool lagging, int steps, std::size_t page_size = 0) {
+// options: EngineOptions beyond the address space (page size, stable pages). With stable pages
+// the device must never see an alias, an unmap or an event before the final empty_cache().
+void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions options = {}) {
   SimDeviceOptions o;
   o.capacity = 3 * GiB;
   o.streams_complete_immediately = !lagging;
   SimulatedDevice device(o);
-  Engine engine(device, EngineOptions{.address_space = 6 * GiB, .page_size = page_size});
+  options.address_space = 6 * GiB;
+  Engine engine(device, options);
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> log_size(0.0, std::log(double(GiB)));
   std::vector<Live> live;
@@ -112,6 +114,14 @@ void run_property(std::uint64_t seed, bool lagging, int steps, std::size_t page_
     }
     ASSERT_NO_THROW(engine.check_invariants()) << "step " << step;  // includes a stats recount
     if (step % 16 == 0) expect_physically_disjoint(device, live, step);
+    if (options.stable_pages && step % 16 == 0) {
+      ASSERT_LE(device.max_chunk_maps(), 1u) << "a chunk mapped at two pages at step " << step;
+      ASSERT_EQ(device.calls(DeviceCall::unmap), 0u) << "a page lost its chunk at step " << step;
+      ASSERT_EQ(device.calls(DeviceCall::record_event) + device.calls(DeviceCall::query_event) +
+                    device.calls(DeviceCall::synchronize_event),
+                0u)
+          << "a stream was waited for at step " << step;
+    }
     if (step % 64 == 0) {
       const MemoryStats s = engine.stats();
       ASSERT_EQ(s.allocated_bytes[kAllPools].current, allocated);
@@ -137,7 +147,13 @@ TEST(EngineProperty, RandomOpsKeepEveryInvariantWithLaggingStreams) {
 
 // Pages of four granules: every chunk is created, mapped and unmapped whole, 8 MiB at a time.
 TEST(EngineProperty, RandomOpsKeepEveryInvariantWithLargerPages) {
-  run_property(3, true, steps_from_env(50000), std::size_t{8} << 20);
+  run_property(3, true, steps_from_env(50000), EngineOptions{.page_size = std::size_t{8} << 20});
+}
+
+// Stable pages (private pools for CUDA graphs): the same invariants, and no page ever aliased,
+// remapped or waited for, with streams behind the host.
+TEST(EngineProperty, RandomOpsKeepEveryInvariantWithStablePages) {
+  run_property(4, true, steps_from_env(50000), EngineOptions{.stable_pages = true});
 }
 
 }  // namespace
