@@ -160,13 +160,14 @@ def write_trace(snapshot, path, torch_dir):
 # --- one program in this process ---------------------------------------------------------------
 
 
-def run_program(name, trace_path, max_entries):
+def run_program(name, trace_path, max_entries, steps=None):
     import torch
 
     sys.path.insert(0, HERE)
     import models
 
-    factory, steps, context = (PROGRAMS[name] + ("all",))[:3]
+    factory, default_steps, context = (PROGRAMS[name] + ("all",))[:3]
+    steps = steps or default_steps
     if trace_path:
         torch.cuda.memory._record_memory_history(context=context, stacks="python",
                                                  max_entries=max_entries)
@@ -222,6 +223,8 @@ def run_child(name, expandable, args):
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
            "--max-entries", str(args.max_entries)]
+    if args.steps:
+        cmd += ["--steps", str(args.steps)]
     if expandable:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     else:
@@ -336,11 +339,13 @@ def main():
     parser.add_argument("--max-entries", type=int, default=2000000)
     parser.add_argument("--timeout", type=int, default=150, help="seconds per run")
     parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument("--steps", type=int,
+                        help="steps to run (default: each program's own; a longer trace)")
     parser.add_argument("--child", choices=sorted(PROGRAMS), help=argparse.SUPPRESS)
     parser.add_argument("--trace", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        emit(run_program(args.child, args.trace, args.max_entries))
+        emit(run_program(args.child, args.trace, args.max_entries, args.steps))
         return
     os.makedirs(args.out_dir, exist_ok=True)
     records = []

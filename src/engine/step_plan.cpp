@@ -47,6 +47,9 @@ std::size_t place_offline(std::vector<PlanBlock>& blocks) {
 }
 
 void StepPlanner::mark_step() {
+  // The range mallocs of the step ending here: its record, unless it made none (the record
+  // still open is then the step before's).
+  const std::size_t made = active_ && !closing_ ? step_.size() : 0;
   if (!active_) {
     active_ = true;  // the first mark: recording starts with the next step
   } else {
@@ -56,12 +59,24 @@ void StepPlanner::mark_step() {
       record_exact_ = plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size();
     closing_ = true;
   }
-  new_shapes_ = new_shapes_ << 1 | std::uint64_t{first_of_shape_};
+  note_step_made(made);
   ++step_number_;
   ++stats_.steps;
   plan_ = nullptr;
   first_of_shape_ = false;
   first_on_plan_ = false;
+}
+
+void StepPlanner::note_step_made(std::size_t mallocs) {
+  const std::size_t slot = step_number_ % kRecentSteps;  // the step kRecentSteps marks ago
+  const std::uint32_t gone = mallocs_by_step_[slot];
+  recent_mallocs_ -= gone;
+  if (new_shapes_ >> (kRecentSteps - 1) & 1) recent_new_mallocs_ -= gone;
+  const auto now = static_cast<std::uint32_t>(std::min<std::size_t>(mallocs, kMaxStepMallocs));
+  mallocs_by_step_[slot] = now;
+  recent_mallocs_ += now;
+  if (first_of_shape_) recent_new_mallocs_ += now;
+  new_shapes_ = new_shapes_ << 1 | std::uint64_t{first_of_shape_};
 }
 
 void StepPlanner::close_step() {

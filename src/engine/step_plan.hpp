@@ -14,6 +14,7 @@
 // tells it what was freed.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -51,10 +52,10 @@ class StepPlanner {
   // Whether the step running is a warm-up, whose clashes say nothing about the chunks the
   // program needs (known from the step's first range malloc on):
   // - the first step of its shape, in a program whose shapes recur: its online layout is not
-  //   seen again (the shape's next step follows a plan). Where new shapes are the norm (more
-  //   than half of the last 64 steps), plans do not pay and the online layouts are what the
-  //   program runs: not a warm-up. The first 64 steps count as recurring (a program's first
-  //   steps are mostly new shapes either way);
+  //   seen again (the shape's next step follows a plan). Where new shapes are the norm (steps
+  //   that began one made more than half of the range mallocs of the last 64 steps), plans do
+  //   not pay and the online layouts are what the program runs: not a warm-up. The first 64
+  //   steps count as recurring (a program's first steps are mostly new shapes either way);
   // - the first step on a plan just made: its pages of the plan region get their chunks.
   bool warm_up() const { return first_on_plan_ || (first_of_shape_ && shapes_recur()); }
   // Whether a plan is being made in the background (for tests: they wait until none is).
@@ -130,8 +131,17 @@ class StepPlanner {
   bool record_exact_ = false;
   bool first_of_shape_ = false;  // the step running is the first of its shape
   bool first_on_plan_ = false;   // the step running is the first on its shape's plan
+  // The last 64 steps: which began a new shape (bit 0 the latest) and how many range mallocs
+  // each made (by step number, modulo 64), with the sums over them. Steps are weighed by their
+  // mallocs: a program that marks twice an iteration (an optimizer each for its sparse and its
+  // dense parameters, as DLRM trains) has a short step that always recurs beside a long one
+  // that never does, and counted by steps its shapes passed for recurring: its clashes were
+  // never counted, and it remapped ~55 pages a step to its 150th (docs/engine.md, "a fifth
+  // batch").
   static constexpr std::uint64_t kRecentSteps = 64;
-  std::uint64_t new_shapes_ = 0;  // of the last 64 steps, bit 0 the latest: first of its shape
+  std::uint64_t new_shapes_ = 0;
+  std::array<std::uint32_t, kRecentSteps> mallocs_by_step_{};
+  std::uint64_t recent_mallocs_ = 0, recent_new_mallocs_ = 0;
   // A plan and its extent, made from a record (place_offline: O(n^2) in the step's blocks).
   struct Made {
     Plan plan;
@@ -167,10 +177,11 @@ class StepPlanner {
     std::future<Made> made;
   };
   void plan_in_background(const std::vector<std::size_t>& keys);
-  bool shapes_recur() const {  // fewer than half of the last 64 steps began a new shape
-    return step_number_ < kRecentSteps ||
-           static_cast<std::uint64_t>(std::popcount(new_shapes_)) <= kRecentSteps / 2;
+  // Steps that began a new shape made at most half of the last 64 steps' range mallocs.
+  bool shapes_recur() const {
+    return step_number_ < kRecentSteps || recent_new_mallocs_ * 2 <= recent_mallocs_;
   }
+  void note_step_made(std::size_t mallocs);  // at a mark: the step's mallocs and whether new
   // Moves the plans made in the background into their shapes (if they still hold the records
   // they were made from); `wait_for`: the shape whose plan to wait for, if one is under way.
   void collect(const Shape* wait_for);

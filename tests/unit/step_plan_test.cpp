@@ -445,6 +445,37 @@ TEST(StepPlan, WarmUpsAreAShapesFirstStepAndTheFirstStepOnANewPlan) {
   EXPECT_TRUE(run_step(512 * MiB));
 }
 
+TEST(StepPlan, NewShapesAreWeighedByTheirMallocs) {
+  // Two marks an iteration, as gmem.torch marks a program with an optimizer each for its sparse
+  // and its dense parameters (DLRM): a long step whose first request is sized anew every time,
+  // and a short one that always recurs. Counted by steps, half were new and the shapes passed for
+  // recurring, so the long steps stayed warm-ups for good and their clashes were never counted.
+  // Weighed by their mallocs, new shapes are the norm once 64 steps were marked.
+  detail::StepPlanner planner(/*background=*/false);
+  planner.mark_step();
+  const DevicePtr at = 0x10000000;
+  const auto run_step = [&](std::size_t first, int mallocs) {
+    std::vector<DevicePtr> taken;
+    bool warm_up = false;
+    for (int k = 0; k < mallocs; ++k) {
+      const detail::StepPlanner::Ticket t = planner.request(k == 0 ? first : 4 * MiB);
+      if (k == 0) warm_up = planner.warm_up();
+      taken.push_back(at + static_cast<DevicePtr>(k) * 8 * MiB);
+      planner.taken(t, taken.back(), t.offset != detail::StepPlanner::kOnline);
+    }
+    for (DevicePtr p : taken) planner.released(p);
+    planner.mark_step();
+    return warm_up;
+  };
+  std::vector<bool> long_warm_ups;
+  for (std::size_t i = 0; i < 80; ++i) {
+    long_warm_ups.push_back(run_step(64 * MiB + i * 512, 30));
+    run_step(2 * MiB, 1);
+  }
+  EXPECT_TRUE(long_warm_ups[10]) << "the first 64 steps count as recurring";
+  EXPECT_FALSE(long_warm_ups.back()) << "new shapes made nearly all the mallocs";
+}
+
 }  // namespace
 }  // namespace gmem
 
