@@ -85,6 +85,14 @@ class Engine final {
   // nothing changes. docs/engine.md, "Planned step layouts".
   void mark_step();
 
+  // A CUDA graph is being captured on the device (true), or no capture is any longer (false).
+  // Meanwhile the engine records, polls and waits for no event, as PyTorch's allocator: a query
+  // would invalidate the capture, and an event recorded on a capturing stream is a node of the
+  // graph, not the stream's progress. Blocks used on other streams (record_stream) and freed
+  // meanwhile are reused only once the capture is over and those streams have caught up.
+  // gmem.torch calls it for every engine of the device when a capture begins and ends.
+  void set_capturing(bool capturing);
+
   // Gives every free chunk back to the device (waits for streams where needed). Once calls after
   // every step are seen to cost the program time (what one gives back, the next step creates
   // again), a call keeps what the last steps used and gives back the rest, unless

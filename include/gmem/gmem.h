@@ -91,6 +91,10 @@ gmem_status_t gmem_engine_malloc(gmem_engine_t* engine, void** ptr, size_t size,
 gmem_status_t gmem_engine_free(gmem_engine_t* engine, void* ptr);
 gmem_status_t gmem_engine_record_stream(gmem_engine_t* engine, void* ptr, uintptr_t stream);
 gmem_status_t gmem_engine_empty_cache(gmem_engine_t* engine);
+/* A CUDA graph is being captured on the engine's device (capturing != 0), or no longer: the
+ * engine then makes no event call, and blocks used on other streams (record_stream) that are
+ * freed meanwhile are reused only once the capture is over (Engine::set_capturing). */
+gmem_status_t gmem_engine_set_capturing(gmem_engine_t* engine, int capturing);
 gmem_status_t gmem_engine_reset_peak_stats(gmem_engine_t* engine);
 gmem_status_t gmem_engine_reset_accumulated_stats(gmem_engine_t* engine);
 

@@ -338,8 +338,10 @@ class GmemAllocator final : public cca::CUDAAllocator {
     check_device(device);
     std::lock_guard lock(pools_mutex_);
     create_or_incref(device, mempool_id);
-    routes_[static_cast<std::size_t>(device)].push_back(Route{mempool_id, std::move(filter)});
+    auto& routes = routes_[static_cast<std::size_t>(device)];
+    routes.push_back(Route{mempool_id, std::move(filter)});
     routes_active_.fetch_add(1, std::memory_order_release);
+    if (routes.size() == 1) set_capturing(device, true);
   }
 
   void endAllocateToPool(DeviceIndex device, MempoolId_t mempool_id) override {
@@ -350,6 +352,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
       if (it->id == mempool_id) {
         routes.erase(it);
         routes_active_.fetch_sub(1, std::memory_order_release);
+        if (routes.empty()) set_capturing(device, false);
         return;
       }
     }
@@ -675,6 +678,18 @@ class GmemAllocator final : public cca::CUDAAllocator {
 
   // --- pools (pools_mutex_ held) ---------------------------------------------------------------
 
+  // A capture (or another allocation to a pool) begins on `device`, or the last one ends: as
+  // PyTorch's allocator defers its events while captures are under way, every engine of the
+  // device makes no event call meanwhile (an event query invalidates a capture).
+  void set_capturing(DeviceIndex device, bool capturing) {
+    auto set = [&](gmem_engine_t* e) {
+      TORCH_CHECK(gmem_engine_set_capturing(e, capturing) == GMEM_OK, "gmem: ", last_gmem_error());
+    };
+    set(device_engine(device));
+    for (auto& [id, pool] : pools_)
+      if (pool.device == device) set(pool.engine);
+  }
+
   Pool& create_or_incref(DeviceIndex device, MempoolId_t id) {
     TORCH_CHECK(id != MempoolId_t({0, 0}), "gmem: pool id (0, 0) is the default pool");
     auto it = pools_.find(id);
@@ -683,6 +698,9 @@ class GmemAllocator final : public cca::CUDAAllocator {
       pool.id = id;
       pool.device = device;
       TORCH_CHECK(gmem_pool_create(device, &pool.engine) == GMEM_OK, "gmem: ", last_gmem_error());
+      if (!routes_[static_cast<std::size_t>(device)].empty())  // made during a capture
+        TORCH_CHECK(gmem_engine_set_capturing(pool.engine, 1) == GMEM_OK, "gmem: ",
+                    last_gmem_error());
       it = pools_.emplace(id, std::move(pool)).first;
     }
     TORCH_CHECK(it->second.device == device, "gmem: pool (", id.first, ", ", id.second,

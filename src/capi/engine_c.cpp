@@ -143,6 +143,11 @@ gmem_status_t gmem_engine_empty_cache(gmem_engine_t* engine) {
                      [&] { gmem::capi::empty_cache(engine_of(engine)); });
 }
 
+gmem_status_t gmem_engine_set_capturing(gmem_engine_t* engine, int capturing) {
+  return run_guarded("gmem_engine_set_capturing",
+                     [&] { engine_of(engine).set_capturing(capturing != 0); });
+}
+
 gmem_status_t gmem_engine_reset_peak_stats(gmem_engine_t* engine) {
   return run_guarded("gmem_engine_reset_peak_stats", [&] { engine_of(engine).reset_peak_stats(); });
 }

@@ -53,33 +53,38 @@ class CrossStreamFrees {
   }
 
   // The shared block at `ptr` is freed: records an event on each of its other streams and keeps
-  // the block until they complete. On a device error nothing has changed.
+  // the block until they complete; while events are held, the block waits with none recorded.
+  // On a device error nothing has changed.
   void defer(DevicePtr ptr, const Record& record) {
     auto it = users_.find(ptr);
-    PendingFree pending{ptr, record, {}};
+    PendingFree pending{ptr, record, {}, std::move(it->second)};
+    users_.erase(it);
     try {
-      for (StreamId s : it->second) {
-        pending.events.push_back(device_.create_event());
-        device_.record_event(pending.events.back(), s);
-      }
+      if (!holding_) record_events(pending);
     } catch (...) {
-      for (EventHandle e : pending.events) {
-        try { device_.destroy_event(e); } catch (...) {}
-      }
+      users_.emplace(ptr, std::move(pending.streams));
       throw;
     }
-    users_.erase(it);
     pending_.push_back(std::move(pending));
   }
+
+  // While a CUDA graph is captured (`hold`), no event is recorded, polled or waited for: an
+  // event query invalidates a capture, and an event recorded on a capturing stream becomes a
+  // node of the graph, done at once, not the stream's progress. Blocks freed meanwhile wait
+  // unreused, and get their events once the capture is over (PyTorch's allocator does the same).
+  void hold_events(bool hold) { holding_ = hold; }
 
   bool empty() const { return pending_.empty(); }
 
   // Calls release(ptr, record) for each pending free whose streams have all caught up (with
-  // `wait`, after waiting for them), and forgets it.
+  // `wait`, after waiting for them), and forgets it. Frees held through a capture get their
+  // events here. Does nothing while events are held.
   template <class Release>
   void process(bool wait, Release&& release) {
+    if (holding_) return;
     for (std::size_t i = 0; i < pending_.size();) {
       PendingFree& p = pending_[i];
+      if (!p.streams.empty()) record_events(p);  // freed during a capture
       bool done = true;
       for (EventHandle e : p.events) {
         if (wait) device_.synchronize_event(e);
@@ -113,10 +118,29 @@ class CrossStreamFrees {
     DevicePtr ptr;
     Record record;
     std::vector<EventHandle> events;
+    std::vector<StreamId> streams;  // its other streams, until their events are recorded
   };
+  // An event on each of the free's streams; on a device error none is left recorded.
+  void record_events(PendingFree& p) {
+    std::vector<EventHandle> events;
+    try {
+      for (StreamId s : p.streams) {
+        events.push_back(device_.create_event());
+        device_.record_event(events.back(), s);
+      }
+    } catch (...) {
+      for (EventHandle e : events) {
+        try { device_.destroy_event(e); } catch (...) {}
+      }
+      throw;
+    }
+    p.events = std::move(events);
+    p.streams.clear();
+  }
   Device& device_;
   std::unordered_map<DevicePtr, std::vector<StreamId>> users_;
   std::vector<PendingFree> pending_;
+  bool holding_ = false;  // a capture is under way: no event calls
 };
 
 // The last frees, so that a second free of one of them reads as a double free and not as an

@@ -230,6 +230,12 @@ void Engine::Impl::mark_step() {
   backing_.mark_step();
 }
 
+void Engine::Impl::set_capturing(bool capturing) {
+  std::lock_guard lock(mutex_);
+  cross_stream_.hold_events(capturing);
+  streams_.progress.set_capturing(capturing);
+}
+
 void Engine::Impl::reset_peak_stats() {
   std::lock_guard lock(mutex_);
   accounting_.reset_peaks();
@@ -250,6 +256,7 @@ void Engine::free(void* ptr) { impl_->free(ptr); }
 void Engine::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }
 void Engine::empty_cache() { impl_->empty_cache(); }
 void Engine::mark_step() { impl_->mark_step(); }
+void Engine::set_capturing(bool capturing) { impl_->set_capturing(capturing); }
 void Engine::set_memory_limit(std::size_t bytes) { impl_->set_memory_limit(bytes); }
 void Engine::set_memory_fraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))

@@ -46,6 +46,7 @@ class Engine::Impl final : private detail::BackingClient {
   void record_stream(void* ptr, StreamId stream);
   void empty_cache();
   void mark_step();
+  void set_capturing(bool capturing);
   void set_memory_limit(std::size_t bytes);
   void reset_peak_stats();
   void reset_accumulated_stats();

@@ -38,6 +38,7 @@ void StreamTracker::record(std::uint32_t index) {
 }
 
 void StreamTracker::mark(std::uint32_t index) noexcept {
+  if (capturing_) return;  // an event recorded into a capture is no progress of its stream
   if (++streams_[index].marks_since_wait >= kMarksWithoutWait) streams_[index].marking = false;
   try {
     // Marks nobody waits on are polled here, so that at most kMaxMarks stay pending.

@@ -50,6 +50,11 @@ class StreamTracker {
   // stream has run out of work. Returns true when it is done (a device error throws).
   bool wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked = nullptr);
 
+  // A CUDA graph is being captured (or no longer): frees make no marks meanwhile. An event
+  // recorded on a capturing stream is a node of the graph, completed at once, which would read
+  // as the stream having caught up; and an event query can invalidate the capture.
+  void set_capturing(bool capturing) { capturing_ = capturing; }
+
   // Frees between two marks, and the most marks pending on a stream.
   static constexpr std::uint64_t kMarkEvery = 64;
   static constexpr std::size_t kMaxMarks = 64;
@@ -81,6 +86,7 @@ class StreamTracker {
   Device& device_;
   std::vector<Stream> streams_;
   std::vector<EventHandle> spare_events_;
+  bool capturing_ = false;
 };
 
 }  // namespace gmem::detail

@@ -137,6 +137,13 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         self.assertTrue(r["captured"], r.get("error"))
         self.assertTrue(r["replays_correct"], r["wrong"])
 
+    def test_cuda_graph_with_record_stream_inside_the_capture(self):
+        r = run_worker("graph_record_stream", "gmem")
+        self.assertTrue(r["captured"], r.get("error"))
+        self.assertTrue(r["replays_correct"], r["wrong"])
+        self.assertTrue(r["early_sum_right"])
+        self.assertTrue(r["allocates_after"])
+
     def test_memory_history_and_snapshot_in_pytorch_tools(self):
         r = run_worker("history", "gmem")
         self.assertTrue(r["history_enabled"])
@@ -570,6 +577,72 @@ def worker_graph_reuse(torch, result):
     del graph, sums, kept
 
 
+def worker_graph_record_stream(torch, result):
+    """record_stream inside a capture, as a model that overlaps work on a second stream does:
+    each pass makes a block on the capturing stream, uses it on a side stream forked into the
+    capture (record_stream), frees it, and makes more blocks that must not take its memory
+    while the side stream may still read it. A block made before the capture and used on a side
+    stream is freed inside it too. Replayed with three scales, every output checked."""
+    n = MiB // 4  # float32 elements in 1 MiB
+    scale = torch.ones(1, device="cuda")
+    side = torch.cuda.Stream()
+    early_user = torch.cuda.Stream()
+    early = torch.full((4 * n,), 1.0, device="cuda")
+    early_user.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(early_user):
+        early_sum = early.sum()
+    early.record_stream(early_user)
+
+    def body():
+        outs = []
+        for m in (3, 5, 4, 6):
+            a = torch.full((m * n,), float(m), device="cuda") * scale
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                outs.append((a * 2).sum())
+            a.record_stream(side)
+            del a
+            outs.append((torch.full((m * n,), 1.0, device="cuda") * scale).sum())
+        torch.cuda.current_stream().wait_stream(side)
+        return outs
+
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        body()  # warm-up, outside the graph's pool
+    torch.cuda.current_stream().wait_stream(warm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            del early  # its side stream's use is not part of the capture
+            outs = body()
+        result["captured"] = True
+    except Exception as e:  # noqa: BLE001 (the test reports it)
+        result.update(captured=False, replays_correct=False, wrong=[],
+                      error="%s: %s" % (type(e).__name__, e))
+        return
+    wrong = []
+    for k in (2.0, 0.5, 3.0):
+        scale.fill_(k)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = []
+        for m in (3, 5, 4, 6):
+            expected += [2 * k * m * m * n, k * m * n]
+        wrong += ["scale %g: sum %d is %g, not %g" % (k, i, s.item(), e)
+                  for i, (s, e) in enumerate(zip(outs, expected))
+                  if abs(s.item() - e) > 1e-5 * e]
+    result.update(replays_correct=not wrong, wrong=wrong[:8],
+                  early_sum_right=early_sum.item() == 4 * n)
+    # After the capture the engines' deferred frees go through: memory comes back.
+    del graph, outs
+    torch.cuda.synchronize()
+    x = torch.empty(64 * n, device="cuda")
+    del x
+    result["allocates_after"] = True
+
+
 def make_history_tensors(torch):
     keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (MiB, 3 * MiB, 5000)]
     temp = torch.empty(2 * MiB, device="cuda")
@@ -734,7 +807,7 @@ def worker(mode, allocator):
                "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
                "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
                "sites": worker_sites, "graphs_compile": worker_graphs_compile,
-               "graph_reuse": worker_graph_reuse}
+               "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()

@@ -777,6 +777,43 @@ TEST(Engine, RecordStreamHoldsTheBlockUntilThatStreamCaughtUp) {
   engine.check_invariants();
 }
 
+TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
+  // Under CUDA graph capture an event query invalidates the capture (gmem.torch's pools failed
+  // so on the H100 when a block used on a captured side stream was freed inside the capture).
+  SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
+  Engine engine(device);
+  constexpr StreamId compute = 0, side = 5;
+  auto event_calls = [&] {
+    return device.calls(DeviceCall::create_event) + device.calls(DeviceCall::record_event) +
+           device.calls(DeviceCall::query_event) + device.calls(DeviceCall::synchronize_event);
+  };
+  void* p = engine.malloc(8 * MiB, compute);
+  engine.record_stream(p, side);
+  device.submit_work(side);
+  engine.set_capturing(true);
+  const std::uint64_t before = event_calls();
+  engine.free(p);
+  void* q = engine.malloc(8 * MiB, compute);
+  device.complete_stream(side);  // caught up, but no event says so during the capture
+  void* r = engine.malloc(8 * MiB, compute);
+  EXPECT_NE(q, p);
+  EXPECT_NE(r, p);
+  EXPECT_EQ(event_calls(), before) << "an event call during a capture";
+  EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(24 * MiB));
+  engine.check_invariants();
+  engine.set_capturing(false);
+  engine.free(q);
+  engine.free(r);
+  void* t = engine.malloc(MiB, compute);  // the held free gets its event on the side stream
+  EXPECT_GT(event_calls(), before);
+  device.complete_stream(side);
+  void* u = engine.malloc(MiB, compute);  // ... which has completed: the block goes
+  EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(2 * MiB));
+  engine.free(t);
+  engine.free(u);
+  engine.check_invariants();
+}
+
 TEST(Engine, StatsFlattenUnderPyTorchNames) {
   SimulatedDevice device;
   Engine engine(device);
