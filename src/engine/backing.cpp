@@ -192,6 +192,7 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
   if (plan_stream_ == kNoArena) plan_stream_ = si;
   if (si != plan_stream_) return take_online(si, bytes, requested);
   const StepPlanner::Ticket ticket = planner_.request(bytes);
+  follow_warm_up();
   if (const std::size_t offset = ticket.offset; offset != StepPlanner::kOnline) {
     if (plan_arena_ == kNoArena) plan_arena_ = add_arena(si, bytes, false);
     RangeAllocator& ranges = arenas_[plan_arena_]->ranges;

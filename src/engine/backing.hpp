@@ -122,7 +122,10 @@ class Backing {
   // are recorded step by step, and once shapes take turns a step whose shape was seen before
   // takes its planned offsets.
   void mark_step() {
-    if (!stable_pages_) planner_.mark_step();  // a plan region's pages alias online chunks
+    if (stable_pages_) return;  // a plan region's pages alias online chunks
+    if (!planner_.active()) clash_rule_.restart_window(device_.host_time());
+    planner_.mark_step();
+    follow_warm_up();
   }
   const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
 
@@ -268,6 +271,11 @@ class Backing {
   };
   std::uint32_t clock_ = 0;     // ranges taken so far (wraps): the pages' time of use
   ClashRule clash_rule_;
+  // Tells the clash rule whether the planner's step is a warm-up (whose clashes do not count).
+  void follow_warm_up() {
+    if (planner_.warm_up() == clash_rule_.counting()) [[unlikely]]
+      clash_rule_.set_counting(!planner_.warm_up(), device_.host_time());
+  }
   PageRuns runs_;  // large ranges' interior pages, one record each
   // Planned step layouts: the planner, the stream whose steps it records, and the plan region
   // (an arena of that stream that online placement never uses).

@@ -25,7 +25,8 @@ namespace gmem::detail {
 //   did took more than 1/kCostlyShare of the host time since then: every clash outside a warm-up,
 //   priced kClashUs, and the waits for the stream before its unmap, as measured (with the time
 //   spent getting the engine's lock back). The time is the device's clock: the steady clock on a
-//   GPU, the modelled one in a replay (one that never moves makes every clash costly). A window
+//   GPU, the modelled one in a replay (one that never moves makes every clash costly), from the
+//   first step mark on where steps are marked, less the warm-ups' time (set_counting). A window
 //   found cheap and older than kWindowUs starts again, so a program that clashes late is not
 //   judged by its quiet start. A window that doubled the share sets how long the next must last
 //   before it is weighed: a burst of remaps (a request of a new shape remaps hundreds of pages in
@@ -49,6 +50,29 @@ class ClashRule {
   static constexpr double kCostlyShare = 10;
   static constexpr double kWindowUs = 30e6;
   explicit ClashRule(double start_us) : window_start_us_(start_us) {}
+
+  // Whether clashes count from `now_us` on. Those of a warm-up step do not (Backing), and
+  // neither does its time: the window weighs the clashes that count against the time in which
+  // they could. Weighed against all the time, a program whose steps were all warm-ups for a while
+  // (shapes new in every step: DLRM's sparse gradients took 64 steps to be found so) never found
+  // its remaps costly, though they took half of its step (docs/engine.md, "a fifth batch").
+  bool counting() const { return counting_; }
+  void set_counting(bool counting, double now_us) {
+    if (counting == counting_) return;
+    counting_ = counting;
+    if (counting)
+      window_start_us_ += std::max(0.0, now_us - paused_at_us_);
+    else
+      paused_at_us_ = now_us;
+  }
+  // Steps are first marked: the time before (building the model, loading data, a first pass) is
+  // not the loop's, whose clashes are weighed from here.
+  void restart_window(double now_us) {
+    window_clashes_ = 0;
+    window_waits_us_ = 0;
+    window_start_us_ = now_us;
+    paused_at_us_ = now_us;
+  }
 
   // A page was remapped outside a warm-up, after waiting `waited_us` for its stream.
   void count_cost(double waited_us) {
@@ -95,6 +119,8 @@ class ClashRule {
   double window_waits_us_ = 0;
   double window_start_us_;
   double min_window_us_ = 0;            // how long the window that last doubled the share lasted
+  bool counting_ = true;                // clashes count (no warm-up step is running)
+  double paused_at_us_ = 0;             // when they stopped counting, if they do not
 };
 
 }  // namespace gmem::detail

@@ -86,5 +86,28 @@ TEST(ClashRule, ABurstIsWeighedOverAsLongAsTheWindowThatLastBought) {
   EXPECT_EQ(allowed(rule, now), kPeak + kPeak / 100 + ClashRule::kPages);
 }
 
+TEST(ClashRule, TimeInWarmUpsIsNotWeighed) {
+  // Steps marked, 20 s of warm-ups (shapes new in every step, not yet found the norm), then
+  // 3,000 clashes that count, 1 ms apart with a 0.5 ms wait for the stream each: half the time.
+  // Weighed against the 20 s as well they would look cheap (7%); against the 3 s they had,
+  // costly.
+  ClashRule rule(0), unpaused(0);
+  rule.set_counting(false, 0);
+  rule.set_counting(true, 20e6);
+  const int count = 3 * static_cast<int>(kPeak);
+  const double end = clash(rule, count, 20e6, 1000, 500);
+  clash(unpaused, count, 20e6, 1000, 500);
+  EXPECT_GT(allowed(rule, end), kPeak + kPeak / 50 + ClashRule::kPages);
+  EXPECT_EQ(allowed(unpaused, end), kPeak + kPeak / ClashRule::kRecurringShare + ClashRule::kPages);
+}
+
+TEST(ClashRule, TheFirstMarkStartsTheWindow) {
+  // 20 s of building a model before the first step mark; then the same costly clashes.
+  ClashRule rule(0);
+  rule.restart_window(20e6);
+  const double end = clash(rule, 3 * static_cast<int>(kPeak), 20e6, 1000, 500);
+  EXPECT_GT(allowed(rule, end), kPeak + kPeak / 50 + ClashRule::kPages);
+}
+
 }  // namespace
 }  // namespace gmem::detail
