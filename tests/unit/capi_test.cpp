@@ -421,6 +421,28 @@ TEST_F(CApi, PoolPagesKeepTheirChunks) {
   ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
 }
 
+TEST_F(CApi, APoolHoldsABlockUsedElsewhereUntilTheCaptureEnds) {
+  // gmem.torch sets every engine of the device capturing while a CUDA graph is captured: a
+  // block used on a side stream and freed meanwhile is not reused before the capture ends.
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(0, &pool), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_set_capturing(pool, 1), GMEM_OK) << last_error();
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(pool, &a, 2 * kMiB, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_record_stream(pool, a, 0x51de), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_free(pool, a), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_malloc(pool, &b, 2 * kMiB, 0), GMEM_OK) << last_error();
+  EXPECT_NE(b, a);
+  ASSERT_EQ(gmem_engine_set_capturing(pool, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_free(pool, b), GMEM_OK);
+  ASSERT_EQ(gmem_engine_empty_cache(pool), GMEM_OK);  // waits for the side stream: a goes too
+  EXPECT_EQ(stats_of(pool).reserved_bytes[0].current, 0);
+  ASSERT_EQ(gmem_engine_malloc(pool, &c, 2 * kMiB, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_free(pool, c), GMEM_OK);
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+  EXPECT_EQ(gmem_engine_set_capturing(nullptr, 1), GMEM_ERROR_INVALID_ARGUMENT);
+}
+
 TEST_F(CApi, PoolListsItsBlocksAndEmptiesItsCache) {
   gmem_engine_t* pool = nullptr;
   ASSERT_EQ(gmem_pool_create(-1, &pool), GMEM_OK) << last_error();
