@@ -532,6 +532,45 @@ def worker_graph(torch, result):
     del graph, static_y, pool
 
 
+def capture_after_warm_up(torch, result, body, inside=None):
+    """Runs `body` once on a side stream (a warm-up, outside the graph's pool), then captures
+    it into a new graph, calling `inside` first within the capture: (graph, what the capture's
+    `body` returned), or None with the capture's error in `result`."""
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        body()
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            if inside is not None:
+                inside()
+            outputs = body()
+        result["captured"] = True
+    except Exception as e:  # noqa: BLE001 (the test reports it)
+        result.update(captured=False, replays_correct=False, wrong=[],
+                      error="%s: %s" % (type(e).__name__, e))
+        return None
+    return graph, outputs
+
+
+def wrong_after_replays(torch, graph, scale, sums, expected_at, check=None):
+    """Replays `graph` with `scale` set to 2, 0.5 and 3: what differs, each sum of `sums`
+    against `expected_at(k)` (to rounding), and what `check(k)` finds."""
+    wrong = []
+    for k in (2.0, 0.5, 3.0):
+        scale.fill_(k)
+        graph.replay()
+        torch.cuda.synchronize()
+        wrong += ["scale %g: sum %d is %g, not %g" % (k, i, s.item(), e)
+                  for i, (s, e) in enumerate(zip(sums, expected_at(k)))
+                  if abs(s.item() - e) > 1e-5 * e]
+        if check is not None:
+            wrong += check(k)
+    return wrong
+
+
 def worker_graph_reuse(torch, result):
     """A graph captured into a private pool that reuses freed memory at other sizes, as a
     model's forward and backward do: four passes of four blocks of 3..10 MiB (each made as
@@ -548,33 +587,16 @@ def worker_graph_reuse(torch, result):
             sums += [x.sum() for x in kept]
         return sums, kept
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()  # warm-up, outside the graph's pool
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            sums, kept = body()
-        result["captured"] = True
-    except Exception as e:  # noqa: BLE001 (the test reports it)
-        result.update(captured=False, replays_correct=False, wrong=[],
-                      error="%s: %s" % (type(e).__name__, e))
+    captured = capture_after_warm_up(torch, result, body)
+    if captured is None:
         return
-    wrong = []
-    for k in (2.0, 0.5, 3.0):
-        scale.fill_(k)
-        graph.replay()
-        torch.cuda.synchronize()
-        expected = [k * m * m * n for sizes in passes for m in sizes]
-        wrong += ["scale %g: sum %d is %g, not %g" % (k, i, s.item(), e)
-                  for i, (s, e) in enumerate(zip(sums, expected))
-                  if abs(s.item() - e) > 1e-5 * e]
-        wrong += ["scale %g: output of %d MiB is not %g throughout" % (k, m, k * m)
-                  for m, x in zip(passes[-1], kept) if not bool((x == k * m).all())]
+    graph, (sums, kept) = captured
+    wrong = wrong_after_replays(
+        torch, graph, scale, sums, lambda k: [k * m * m * n for sizes in passes for m in sizes],
+        lambda k: ["scale %g: output of %d MiB is not %g throughout" % (k, m, k * m)
+                   for m, x in zip(passes[-1], kept) if not bool((x == k * m).all())])
     result.update(replays_correct=not wrong, wrong=wrong[:8])
-    del graph, sums, kept
+    del graph, sums, kept, captured
 
 
 def worker_graph_record_stream(torch, result):
@@ -584,18 +606,19 @@ def worker_graph_record_stream(torch, result):
     while the side stream may still read it. A block made before the capture and used on a side
     stream is freed inside it too. Replayed with three scales, every output checked."""
     n = MiB // 4  # float32 elements in 1 MiB
+    sizes = (3, 5, 4, 6)
     scale = torch.ones(1, device="cuda")
     side = torch.cuda.Stream()
     early_user = torch.cuda.Stream()
-    early = torch.full((4 * n,), 1.0, device="cuda")
+    early = [torch.full((4 * n,), 1.0, device="cuda")]  # freed inside the capture (clear)
     early_user.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(early_user):
-        early_sum = early.sum()
-    early.record_stream(early_user)
+        early_sum = early[0].sum()
+    early[0].record_stream(early_user)
 
     def body():
         outs = []
-        for m in (3, 5, 4, 6):
+        for m in sizes:
             a = torch.full((m * n,), float(m), device="cuda") * scale
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -606,37 +629,18 @@ def worker_graph_record_stream(torch, result):
         torch.cuda.current_stream().wait_stream(side)
         return outs
 
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        body()  # warm-up, outside the graph's pool
-    torch.cuda.current_stream().wait_stream(warm)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            del early  # its side stream's use is not part of the capture
-            outs = body()
-        result["captured"] = True
-    except Exception as e:  # noqa: BLE001 (the test reports it)
-        result.update(captured=False, replays_correct=False, wrong=[],
-                      error="%s: %s" % (type(e).__name__, e))
+    # The early block's side stream use is not part of the capture.
+    captured = capture_after_warm_up(torch, result, body, inside=early.clear)
+    if captured is None:
         return
-    wrong = []
-    for k in (2.0, 0.5, 3.0):
-        scale.fill_(k)
-        graph.replay()
-        torch.cuda.synchronize()
-        expected = []
-        for m in (3, 5, 4, 6):
-            expected += [2 * k * m * m * n, k * m * n]
-        wrong += ["scale %g: sum %d is %g, not %g" % (k, i, s.item(), e)
-                  for i, (s, e) in enumerate(zip(outs, expected))
-                  if abs(s.item() - e) > 1e-5 * e]
+    graph, outs = captured
+    wrong = wrong_after_replays(
+        torch, graph, scale, outs,
+        lambda k: [e for m in sizes for e in (2 * k * m * m * n, k * m * n)])
     result.update(replays_correct=not wrong, wrong=wrong[:8],
                   early_sum_right=early_sum.item() == 4 * n)
     # After the capture the engines' deferred frees go through: memory comes back.
-    del graph, outs
+    del graph, outs, captured
     torch.cuda.synchronize()
     x = torch.empty(64 * n, device="cuda")
     del x
