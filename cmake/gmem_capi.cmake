@@ -4,7 +4,8 @@ add_library(gmem_shared SHARED
   ${PROJECT_SOURCE_DIR}/src/capi/gmem_c.cpp
   ${PROJECT_SOURCE_DIR}/src/capi/engine_c.cpp
   ${PROJECT_SOURCE_DIR}/src/capi/observe_c.cpp
-  ${PROJECT_SOURCE_DIR}/src/capi/registry.cpp)
+  ${PROJECT_SOURCE_DIR}/src/capi/registry.cpp
+  ${PROJECT_SOURCE_DIR}/src/capi/device_context.cpp)
 set_target_properties(gmem_shared PROPERTIES
   OUTPUT_NAME gmem
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}

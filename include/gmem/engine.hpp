@@ -17,6 +17,7 @@
 #include "gmem/device.hpp"
 #include "gmem/error.hpp"
 #include "gmem/stats.hpp"
+#include "gmem/stats_group.hpp"
 
 namespace gmem {
 
@@ -107,6 +108,11 @@ class Engine final {
   EngineOptions options() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
+  // From now on this engine's statistics also count in `group`, read as one with the other
+  // engines there (a device's engine and its pools: gmem_device_stats), whose peaks are then the
+  // peaks of their sum. It joins with what it holds; nullptr (or destroying the engine) leaves,
+  // taking what it still holds out of the group. stats() stays this engine's own.
+  void join_stats_group(std::shared_ptr<StatsGroup> group);
   // The counters (PyTorch's names and gmem's own), in O(1): what users poll. The fields derived
   // by walking the engine (largest_free_range, inactive_split*) read 0 here.
   MemoryStats stats() const;

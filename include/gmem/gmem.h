@@ -118,6 +118,14 @@ typedef struct gmem_engine_stats_s {
 } gmem_engine_stats_t;
 
 gmem_status_t gmem_engine_stats(gmem_engine_t* engine, int detailed, gmem_engine_stats_t* stats);
+/* The device's engine and its live pools as one, as PyTorch counts a device with its graph
+ * pools: counts and bytes summed. Once a pool has been made on the device, every peak of the
+ * pooled statistics (allocated, requested, active and reserved bytes; allocation, active and
+ * segment counts) is the peak of the engines' sum, and their running totals keep what destroyed
+ * pools counted; inactive_split* peaks are summed. gmem_stat, gmem_stats_text,
+ * gmem_memory_summary and gmem_reset_peak_stats / gmem_reset_accumulated_stats read and reset
+ * the device so too. */
+gmem_status_t gmem_device_stats(int device, int detailed, gmem_engine_stats_t* stats);
 
 /* A live allocation. */
 typedef struct gmem_block {

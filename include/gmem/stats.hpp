@@ -106,6 +106,13 @@ struct MemoryStats {
   std::int64_t partial_page_bytes = 0;  // free bytes in pages shared with live large blocks
   std::int64_t small_slack_bytes = 0;   // free slots and rounding inside small-class slabs
 
+  // Another engine's figures on the same device added into these (a device's engine and its
+  // private pools, read as one): counts, bytes and times summed, peaks too, which gives an upper
+  // bound of the sum's peak (StatsGroup keeps the sum's own). What describes the device rather
+  // than an engine stays as it is: the device's total and free memory, the driver's time (one
+  // Device serves them all), the page size and the limit; outside_bytes follows the new total.
+  void add_engine(const MemoryStats& other);
+
   // Flat list in PyTorch's naming: "allocated_bytes.all.current" etc.
   std::vector<std::pair<std::string, std::int64_t>> flatten() const;
   // One value of flatten() by name, without building the list (what gmem_stat polls).

@@ -114,32 +114,28 @@ c10::CachingAllocator::Stat to_stat(const gmem_stat_t& s) {
   return out;
 }
 
-// Adds one engine's numbers into PyTorch's DeviceStats. Peaks add up to an upper bound of the
-// peak of the sum (engines peak at different times).
-void add_stats(DeviceStats& out, const gmem_engine_stats_t& s) {
-  auto add = [](c10::CachingAllocator::StatArray& to, const gmem_stat_t (&from)[3]) {
-    for (std::size_t i = 0; i < 3; ++i) {
-      const c10::CachingAllocator::Stat v = to_stat(from[i]);
-      to[i].current += v.current;
-      to[i].peak += v.peak;
-      to[i].allocated += v.allocated;
-      to[i].freed += v.freed;
-    }
+// gmem's numbers as PyTorch's DeviceStats.
+DeviceStats to_device_stats(const gmem_engine_stats_t& s) {
+  DeviceStats out;
+  auto copy = [](c10::CachingAllocator::StatArray& to, const gmem_stat_t (&from)[3]) {
+    for (std::size_t i = 0; i < 3; ++i) to[i] = to_stat(from[i]);
   };
-  add(out.allocation, s.allocation);
-  add(out.segment, s.segment);
-  add(out.active, s.active);
-  add(out.inactive_split, s.inactive_split);
-  add(out.allocated_bytes, s.allocated_bytes);
-  add(out.reserved_bytes, s.reserved_bytes);
-  add(out.active_bytes, s.active_bytes);
-  add(out.inactive_split_bytes, s.inactive_split_bytes);
-  add(out.requested_bytes, s.requested_bytes);
-  out.num_alloc_retries += s.num_alloc_retries;
-  out.num_ooms += s.num_ooms;
-  out.num_sync_all_streams += s.num_sync_all_streams;
-  out.num_device_alloc += s.num_device_alloc;
-  out.num_device_free += s.num_device_free;
+  copy(out.allocation, s.allocation);
+  copy(out.segment, s.segment);
+  copy(out.active, s.active);
+  copy(out.inactive_split, s.inactive_split);
+  copy(out.allocated_bytes, s.allocated_bytes);
+  copy(out.reserved_bytes, s.reserved_bytes);
+  copy(out.active_bytes, s.active_bytes);
+  copy(out.inactive_split_bytes, s.inactive_split_bytes);
+  copy(out.requested_bytes, s.requested_bytes);
+  out.num_alloc_retries = s.num_alloc_retries;
+  out.num_ooms = s.num_ooms;
+  out.num_sync_all_streams = s.num_sync_all_streams;
+  out.num_device_alloc = s.num_device_alloc;
+  out.num_device_free = s.num_device_free;
+  out.max_split_size = -1;  // gmem never refuses to split: PyTorch's "no limit"
+  return out;
 }
 
 
@@ -281,31 +277,23 @@ class GmemAllocator final : public cca::CUDAAllocator {
     *largest_block = static_cast<size_t>(std::max(s.largest_free_range, held_free + headroom));
   }
 
+  // The device's engine and its pools as one, with peaks of their sum (gmem_device_stats).
   DeviceStats getDeviceStats(DeviceIndex device) override {
     check_device(device);
-    DeviceStats out;
+    gmem_engine_stats_t s{};
     // O(1) per engine (no walk): inactive_split* read 0 here; gmem.memory_summary() has them.
-    for_each_engine(device, [&](gmem_engine_t* e) {
-      gmem_engine_stats_t s{};
-      TORCH_CHECK(gmem_engine_stats(e, 0, &s) == GMEM_OK, "gmem: ", last_gmem_error());
-      add_stats(out, s);
-    });
-    out.max_split_size = -1;  // gmem never refuses to split: PyTorch's "no limit"
-    return out;
+    TORCH_CHECK(gmem_device_stats(device, 0, &s) == GMEM_OK, "gmem: ", last_gmem_error());
+    return to_device_stats(s);
   }
 
   void resetAccumulatedStats(DeviceIndex device) override {
     check_device(device);
-    for_each_engine(device, [](gmem_engine_t* e) {
-      TORCH_CHECK(gmem_engine_reset_accumulated_stats(e) == GMEM_OK, "gmem: ", last_gmem_error());
-    });
+    TORCH_CHECK(gmem_reset_accumulated_stats(device) == GMEM_OK, "gmem: ", last_gmem_error());
   }
 
   void resetPeakStats(DeviceIndex device) override {
     check_device(device);
-    for_each_engine(device, [](gmem_engine_t* e) {
-      TORCH_CHECK(gmem_engine_reset_peak_stats(e) == GMEM_OK, "gmem: ", last_gmem_error());
-    });
+    TORCH_CHECK(gmem_reset_peak_stats(device) == GMEM_OK, "gmem: ", last_gmem_error());
   }
 
   // --- blocks --------------------------------------------------------------------------------
@@ -648,17 +636,6 @@ class GmemAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(gmem_device_engine(device, &e) == GMEM_OK, "gmem: ", last_gmem_error());
     slot.store(e, std::memory_order_release);  // the same handle whoever wins
     return e;
-  }
-
-  // Calls visit(engine) for the device's engine and its pools' engines, under the pools' lock
-  // (a pool's last free on another thread may destroy its engine).
-  template <class Visit>
-  void for_each_engine(DeviceIndex device, Visit&& visit) {
-    gmem_engine_t* own = device_engine(device);
-    std::lock_guard lock(pools_mutex_);
-    visit(own);
-    for (auto& [id, pool] : pools_)
-      if (pool.device == device) visit(pool.engine);
   }
 
   // The engine holding the live block at `ptr`: its pool's, else its device's.

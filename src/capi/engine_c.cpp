@@ -56,6 +56,29 @@ void copy_stats(const gmem::PoolStats& from, gmem_stat_t (&to)[3]) {
   for (std::size_t i = 0; i < 3; ++i) copy_stat(from[i], to[i]);
 }
 
+void copy_engine_stats(const gmem::MemoryStats& s, gmem_engine_stats_t& out) {
+  out = gmem_engine_stats_t{};
+  copy_stats(s.allocation, out.allocation);
+  copy_stats(s.segment, out.segment);
+  copy_stats(s.active, out.active);
+  copy_stats(s.inactive_split, out.inactive_split);
+  copy_stats(s.allocated_bytes, out.allocated_bytes);
+  copy_stats(s.reserved_bytes, out.reserved_bytes);
+  copy_stats(s.active_bytes, out.active_bytes);
+  copy_stats(s.inactive_split_bytes, out.inactive_split_bytes);
+  copy_stats(s.requested_bytes, out.requested_bytes);
+  out.num_alloc_retries = s.num_alloc_retries;
+  out.num_ooms = s.num_ooms;
+  out.num_sync_all_streams = s.num_sync_all_streams;
+  out.num_device_alloc = s.num_device_alloc;
+  out.num_device_free = s.num_device_free;
+  out.memory_limit = s.memory_limit;
+  out.granularity = s.granularity;
+  out.largest_free_range = s.largest_free_range;
+  out.free_mapped_bytes = s.free_mapped_bytes;
+  out.free_unmapped_bytes = s.free_unmapped_bytes;
+}
+
 gmem_block_t block_of(const gmem::BlockInfo& info) {
   return gmem_block_t{info.ptr, info.size, info.requested, info.stream};
 }
@@ -86,6 +109,7 @@ gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool) {
     // book (so owner lookups still find the device), its chunks come from the same GPU.
     handle->owned = std::make_unique<gmem::Engine>(*handle->context->device, options);
     handle->engine = handle->owned.get();
+    handle->context->add_pool(*handle->engine);
     *pool = handle.release();
   });
 }
@@ -106,6 +130,7 @@ gmem_status_t gmem_pool_destroy(gmem_engine_t* pool) {
                             " bytes; free them first");
     }
     engine.empty_cache();  // waits for frees still pending on other streams
+    pool->context->remove_pool(engine);
     delete pool;
   });
 }
@@ -161,27 +186,14 @@ gmem_status_t gmem_engine_stats(gmem_engine_t* engine, int detailed, gmem_engine
   return run_guarded("gmem_engine_stats", [&] {
     if (out == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "stats is NULL");
     const gmem::Engine& e = engine_of(engine);
-    const gmem::MemoryStats s = detailed != 0 ? e.detailed_stats() : e.stats();
-    *out = gmem_engine_stats_t{};
-    copy_stats(s.allocation, out->allocation);
-    copy_stats(s.segment, out->segment);
-    copy_stats(s.active, out->active);
-    copy_stats(s.inactive_split, out->inactive_split);
-    copy_stats(s.allocated_bytes, out->allocated_bytes);
-    copy_stats(s.reserved_bytes, out->reserved_bytes);
-    copy_stats(s.active_bytes, out->active_bytes);
-    copy_stats(s.inactive_split_bytes, out->inactive_split_bytes);
-    copy_stats(s.requested_bytes, out->requested_bytes);
-    out->num_alloc_retries = s.num_alloc_retries;
-    out->num_ooms = s.num_ooms;
-    out->num_sync_all_streams = s.num_sync_all_streams;
-    out->num_device_alloc = s.num_device_alloc;
-    out->num_device_free = s.num_device_free;
-    out->memory_limit = s.memory_limit;
-    out->granularity = s.granularity;
-    out->largest_free_range = s.largest_free_range;
-    out->free_mapped_bytes = s.free_mapped_bytes;
-    out->free_unmapped_bytes = s.free_unmapped_bytes;
+    copy_engine_stats(detailed != 0 ? e.detailed_stats() : e.stats(), *out);
+  });
+}
+
+gmem_status_t gmem_device_stats(int device, int detailed, gmem_engine_stats_t* out) {
+  return run_guarded("gmem_device_stats", [&] {
+    if (out == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "stats is NULL");
+    copy_engine_stats(gmem::capi::context(device).stats(detailed != 0), *out);
   });
 }
 

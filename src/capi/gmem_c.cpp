@@ -76,7 +76,7 @@ DeviceContext& owner_of(const void* ptr) {
 
 std::string stats_text(int device) {
   std::ostringstream text;
-  for (const auto& [name, value] : gmem::capi::context(device).engine->detailed_stats().flatten()) {
+  for (const auto& [name, value] : gmem::capi::context(device).stats(true).flatten()) {
     text << name << ' ' << value << '\n';
   }
   return text.str();
@@ -186,12 +186,12 @@ gmem_status_t gmem_set_memory_fraction(int device, double fraction) {
 
 gmem_status_t gmem_reset_peak_stats(int device) {
   return guarded("gmem_reset_peak_stats",
-                 [&] { gmem::capi::context(device).engine->reset_peak_stats(); });
+                 [&] { gmem::capi::context(device).reset_peak_stats(); });
 }
 
 gmem_status_t gmem_reset_accumulated_stats(int device) {
   return guarded("gmem_reset_accumulated_stats",
-                 [&] { gmem::capi::context(device).engine->reset_accumulated_stats(); });
+                 [&] { gmem::capi::context(device).reset_accumulated_stats(); });
 }
 
 gmem_status_t gmem_stat(int device, const char* name, int64_t* value) {
@@ -199,9 +199,8 @@ gmem_status_t gmem_stat(int device, const char* name, int64_t* value) {
     if (name == nullptr || value == nullptr) {
       throw gmem::Error(gmem::Errc::invalid_argument, "name and value must not be NULL");
     }
-    const gmem::Engine& engine = *gmem::capi::context(device).engine;
     const bool derived = gmem::MemoryStats::is_derived(name);
-    if (const auto v = (derived ? engine.detailed_stats() : engine.stats()).find(name)) {
+    if (const auto v = gmem::capi::context(device).stats(derived).find(name)) {
       *value = *v;
       return;
     }
@@ -220,7 +219,7 @@ gmem_status_t gmem_memory_summary(int device, char* buf, size_t size, size_t* ne
     DeviceContext& context = gmem::capi::context(device);
     gmem::SummaryOptions options;
     options.device = std::to_string(context.index);
-    const gmem::MemoryStats stats = context.engine->detailed_stats();
+    const gmem::MemoryStats stats = context.stats(true);
     options.cause = gmem::capi::tracked_cause(context, stats);
     copy_text(gmem::format_summary(stats, gmem::capi::tracked_top(context), options), buf, size, needed);
   });

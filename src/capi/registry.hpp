@@ -10,9 +10,12 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "gmem/device.hpp"
 #include "gmem/engine.hpp"
+#include "gmem/stats_group.hpp"
 
 namespace gmem {
 class Tracker;  // include/gmem/tracker.hpp (H6)
@@ -27,6 +30,22 @@ struct DeviceContext {
   // Observability hook: when set, the C API reports allocations and frees to it (H6 wires this
   // up from include/gmem/tracker.hpp). Null means no tracking.
   Tracker* tracker = nullptr;
+
+  // Private pools made on the device (gmem_pool_create) count as the device's, as PyTorch counts
+  // its graph pools: a pool added here joins the device's StatsGroup (made with the first pool,
+  // with the device's engine in it), so that the device's peaks are those of the engines' sum.
+  void add_pool(Engine& pool);
+  void remove_pool(Engine& pool);  // before the pool is destroyed
+  // The device's engine and its pools as one: what gmem_stat, gmem_device_stats and the summary
+  // report. O(1) per engine unless `detailed`.
+  MemoryStats stats(bool detailed) const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+
+ private:
+  mutable std::mutex pools_mutex_;  // taken before any engine's lock
+  std::vector<Engine*> pools_;
+  std::shared_ptr<StatsGroup> group_;
 };
 
 // The context of `device` (-1 = the calling thread's current CUDA device, 0 when simulated),

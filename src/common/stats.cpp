@@ -1,6 +1,9 @@
 // MemoryStats flattened under PyTorch's names (torch.cuda.memory_stats()), then gmem's own.
 #include "gmem/stats.hpp"
 
+#include <algorithm>
+#include <iterator>
+
 namespace gmem {
 
 namespace {
@@ -54,6 +57,11 @@ constexpr std::pair<std::string_view, PoolStats MemoryStats::*> kPooled[] = {
     {"segment", &MemoryStats::segment},
     {"inactive_split", &MemoryStats::inactive_split},
 };
+// Scalars that describe the device, not one engine on it: add_engine() leaves them.
+constexpr std::string_view kOfTheDevice[] = {
+    "gmem.granularity",       "gmem.memory_limit",       "gmem.device_call_us",
+    "gmem.stream_wait_us",    "gmem.device_total_bytes", "gmem.device_free_bytes",
+    "gmem.outside_bytes"};
 constexpr std::string_view kPoolNames[] = {"all", "small_pool", "large_pool"};  // by StatPool
 
 // Removes `prefix` and a following '.' from the front of `name`.
@@ -84,6 +92,28 @@ std::optional<std::int64_t> MemoryStats::find(std::string_view name) const {
   for (const auto& [stat, member] : kScalars)
     if (stat == name) return this->*member;
   return std::nullopt;
+}
+
+void MemoryStats::add_engine(const MemoryStats& other) {
+  for (const auto& [name, member] : kPooled) {
+    for (std::size_t pool = 0; pool < 3; ++pool) {
+      Stat& to = (this->*member)[pool];
+      const Stat& from = (other.*member)[pool];
+      to.current += from.current;
+      to.peak += from.peak;
+      to.allocated += from.allocated;
+      to.freed += from.freed;
+    }
+  }
+  for (const auto& [name, member] : kScalars) {
+    if (member == &MemoryStats::largest_free_range)  // one range, in one engine: the larger
+      largest_free_range = std::max(largest_free_range, other.largest_free_range);
+    else if (std::ranges::find(kOfTheDevice, name) == std::end(kOfTheDevice))
+      this->*member += other.*member;
+  }
+  if (device_total_bytes > 0)
+    outside_bytes = std::max<std::int64_t>(
+        0, device_total_bytes - device_free_bytes - reserved_bytes[kAllPools].current);
 }
 
 bool MemoryStats::is_derived(std::string_view name) {

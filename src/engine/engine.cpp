@@ -250,7 +250,10 @@ void Engine::Impl::reset_accumulated_stats() {
 
 Engine::Engine(Device& device, EngineOptions options)
     : impl_(std::make_unique<Impl>(device, options)) {}
-Engine::~Engine() = default;
+Engine::~Engine() {
+  std::lock_guard lock(impl_->mutex_);
+  impl_->accounting_.join(nullptr);  // what it still holds (its chunks) leaves its group
+}
 void* Engine::malloc(std::size_t size, StreamId stream) { return impl_->malloc(size, stream); }
 void Engine::free(void* ptr) { impl_->free(ptr); }
 void Engine::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }
@@ -282,6 +285,10 @@ EngineOptions Engine::options() const {
 }
 void Engine::reset_peak_stats() { impl_->reset_peak_stats(); }
 void Engine::reset_accumulated_stats() { impl_->reset_accumulated_stats(); }
+void Engine::join_stats_group(std::shared_ptr<StatsGroup> group) {
+  std::lock_guard lock(impl_->mutex_);
+  impl_->accounting_.join(std::move(group));
+}
 MemoryStats Engine::stats() const { return impl_->stats(false); }
 MemoryStats Engine::detailed_stats() const { return impl_->stats(true); }
 void Engine::check_invariants() const { impl_->check_invariants(); }

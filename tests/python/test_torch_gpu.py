@@ -129,6 +129,15 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         self.assertLess(r["reserved_after_pool_deleted"], r["reserved_with_pool"])
         self.assertTrue(r["pool_not_reused_outside"])
 
+    def test_peaks_count_pools_as_the_device_does(self):
+        # A pool's blocks count in the device's figures, and the device's peak is the peak of
+        # the whole: before StatsGroup gmem summed the engines' own peaks (64 + 48 MiB here).
+        native = run_worker("pool_peaks", "native")
+        ours = run_worker("pool_peaks", "gmem")
+        self.assertEqual(native["peaks"], [64 * MiB, 80 * MiB, 0])
+        self.assertEqual(ours["peaks"], native["peaks"])
+        self.assertEqual(ours["currents"], native["currents"])
+
     def test_cuda_graph_whose_pool_reuses_memory_at_other_sizes(self):
         # Before pools had stable pages, gmem's pool stitched these blocks from chunks mapped
         # elsewhere and remapped pages under capture, waiting on the capturing stream: the
@@ -532,6 +541,33 @@ def worker_graph(torch, result):
     del graph, static_y, pool
 
 
+def worker_pool_peaks(torch, result):
+    """Peak allocated over a private pool and the device's own memory, as deltas from the start."""
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    pool = torch.cuda.MemPool()
+    peaks, currents = [], []
+
+    def record():
+        torch.cuda.synchronize()
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+        currents.append(torch.cuda.memory_allocated() - base)
+
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    del a
+    b = torch.empty(48 * MiB, dtype=torch.uint8, device="cuda")
+    record()  # 64: the pool's block and b were never live at once
+    with torch.cuda.use_mem_pool(pool):
+        c = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+    record()  # 80: b and c
+    del b, c
+    torch.cuda.reset_peak_memory_stats()
+    record()  # 0: the pool's reset with the device
+    result.update(peaks=peaks, currents=currents)
+    del pool
+
+
 def capture_after_warm_up(torch, result, body, inside=None):
     """Runs `body` once on a side stream (a warm-up, outside the graph's pool), then captures
     it into a new graph, calling `inside` first within the capture: (graph, what the capture's
@@ -811,7 +847,8 @@ def worker(mode, allocator):
                "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
                "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
                "sites": worker_sites, "graphs_compile": worker_graphs_compile,
-               "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream}
+               "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream,
+               "pool_peaks": worker_pool_peaks}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()

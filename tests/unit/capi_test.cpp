@@ -443,6 +443,45 @@ TEST_F(CApi, APoolHoldsABlockUsedElsewhereUntilTheCaptureEnds) {
   EXPECT_EQ(gmem_engine_set_capturing(nullptr, 1), GMEM_ERROR_INVALID_ARGUMENT);
 }
 
+// PyTorch counts a graph's pool as the device's memory, and its peaks as those of the whole:
+// a pool that held 40 MiB during a capture and the device engine that holds 30 MiB later make a
+// peak of 40, not 70.
+TEST_F(CApi, TheDeviceCountsItsPoolsWithPeaksOfTheSum) {
+  ASSERT_EQ(gmem_reset_peak_stats(0), GMEM_OK) << last_error();
+  const int64_t base = stat("allocated_bytes.all.current");
+  const int64_t allocations = stat("allocation.all.allocated");
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(0, &pool), GMEM_OK) << last_error();
+  void *in_pool = nullptr, *outside = nullptr, *again = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(pool, &in_pool, 40 * kMiB, 0), GMEM_OK) << last_error();
+  EXPECT_EQ(stat("allocated_bytes.all.current"), base + static_cast<int64_t>(40 * kMiB));
+  ASSERT_EQ(gmem_engine_free(pool, in_pool), GMEM_OK);
+  ASSERT_EQ(gmem_malloc(&outside, 30 * kMiB, 0, 0), GMEM_OK) << last_error();
+  gmem_engine_stats_t s{};
+  ASSERT_EQ(gmem_device_stats(0, 0, &s), GMEM_OK) << last_error();
+  EXPECT_EQ(s.allocated_bytes[0].current, base + static_cast<int64_t>(30 * kMiB));
+  EXPECT_EQ(s.allocated_bytes[0].peak, base + static_cast<int64_t>(40 * kMiB));
+  EXPECT_EQ(stat("allocated_bytes.all.peak"), base + static_cast<int64_t>(40 * kMiB));
+  EXPECT_EQ(s.reserved_bytes[0].current, stats_of(device_engine()).reserved_bytes[0].current +
+                                              stats_of(pool).reserved_bytes[0].current);
+
+  ASSERT_EQ(gmem_engine_malloc(pool, &again, 20 * kMiB, 0), GMEM_OK) << last_error();
+  EXPECT_EQ(stat("allocated_bytes.all.peak"), base + static_cast<int64_t>(50 * kMiB));
+  ASSERT_EQ(gmem_engine_free(pool, again), GMEM_OK);
+  ASSERT_EQ(gmem_free(outside), GMEM_OK);
+
+  // Resetting the device resets its pools too; a destroyed pool's blocks stay in the totals.
+  ASSERT_EQ(gmem_reset_peak_stats(0), GMEM_OK) << last_error();
+  EXPECT_EQ(stat("allocated_bytes.all.peak"), base);
+  EXPECT_EQ(stats_of(pool).allocated_bytes[0].peak, 0);
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+  EXPECT_EQ(stat("allocation.all.allocated"), allocations + 3);
+  EXPECT_EQ(stat("reserved_bytes.all.current"),
+            stats_of(device_engine()).reserved_bytes[0].current);
+  EXPECT_EQ(gmem_device_stats(0, 0, nullptr), GMEM_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
+}
+
 TEST_F(CApi, PoolListsItsBlocksAndEmptiesItsCache) {
   gmem_engine_t* pool = nullptr;
   ASSERT_EQ(gmem_pool_create(-1, &pool), GMEM_OK) << last_error();
