@@ -120,6 +120,25 @@ int main() {
       });
       run_case("cudaEventSynchronize of another stream's event", mode, other,
                [&] { return static_cast<CUresult>(cudaEventSynchronize(e)); });
+      run_case("cudaEventSynchronize, the thread's mode relaxed", mode, other, [&] {
+        cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&relaxed);
+        const cudaError_t r = cudaEventSynchronize(e);
+        cudaThreadExchangeStreamCaptureMode(&relaxed);
+        return static_cast<CUresult>(r);
+      });
+      run_case("cudaEventRecord on another stream + query, relaxed", mode, other, [&] {
+        cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&relaxed);
+        cudaError_t r = cudaEventRecord(e, other_stream);
+        if (r == cudaSuccess) r = cudaEventQuery(e);
+        cudaThreadExchangeStreamCaptureMode(&relaxed);
+        return static_cast<CUresult>(r);
+      });
+      run_case("cudaStreamIsCapturing of another stream", mode, other, [&] {
+        cudaStreamCaptureStatus status;
+        return static_cast<CUresult>(cudaStreamIsCapturing(other_stream, &status));
+      });
       cudaStreamDestroy(other_stream);
       cudaEventDestroy(e);
     }

@@ -54,6 +54,16 @@ class Device {
   virtual void record_event(EventHandle event, StreamId stream) = 0;
   virtual bool query_event(EventHandle event) = 0;        // true when complete; never blocks
   virtual void synchronize_event(EventHandle event) = 0;  // blocks until complete
+  // Whether a CUDA graph is being captured on `stream` now (cuStreamIsCapturing): an event
+  // recorded there would be a node of the graph, not the stream's progress, and querying it
+  // would invalidate the capture. Asked only while the engine is told that a capture is under
+  // way (Engine::set_capturing); the event calls above stay legal on the other streams, from any
+  // thread (CudaDevice makes them in relaxed capture mode). A device that wraps another
+  // forwards it.
+  virtual bool stream_capturing(StreamId stream) {
+    (void)stream;
+    return false;
+  }
 
   // The host's clock in microseconds, what the engine weighs the cost of its remaps against (is
   // buying memory worth it?): the steady clock for a real GPU; SimulatedDevice keeps a modelled

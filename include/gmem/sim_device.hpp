@@ -115,6 +115,9 @@ class SimulatedDevice final : public Device {
   void record_event(EventHandle event, StreamId stream) override;
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
+  bool stream_capturing(StreamId stream) override;
+  // A capture begins (true) or ends on `stream`, as stream_capturing() will say.
+  void set_stream_capturing(StreamId stream, bool capturing);
 
   // --- for tests and replay ---
   std::uint64_t calls(DeviceCall call) const;
@@ -214,6 +217,7 @@ class SimulatedDevice final : public Device {
   std::unordered_map<EventHandle, Event> events_;
   EventHandle next_event_ = 1;
   std::unordered_map<StreamId, Stream> streams_;
+  std::unordered_set<StreamId> capturing_;  // set_stream_capturing
 };
 
 }  // namespace gmem

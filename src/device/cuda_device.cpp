@@ -165,6 +165,10 @@ void CudaDevice::synchronize_event(EventHandle event) {
   cuda::synchronize_event(as_context(context_), reinterpret_cast<CUevent>(event));
 }
 
+bool CudaDevice::stream_capturing(StreamId stream) {
+  return cuda::stream_capturing(as_context(context_), reinterpret_cast<CUstream>(stream));
+}
+
 Device::CallTimes CudaDevice::call_times() const {
   return {static_cast<double>(calls_ns_.load(std::memory_order_relaxed)) / 1e3,
           static_cast<double>(waits_ns_.load(std::memory_order_relaxed)) / 1e3};

@@ -143,13 +143,33 @@ void destroy_event(CUcontext context, CUevent event) {
   check(driver().cuEventDestroy(event), "cuEventDestroy");
 }
 
+namespace {
+// The thread's event calls in relaxed capture mode, as PyTorch makes its cudaMalloc
+// (CUDAStreamCaptureModeGuard): while another thread captures a graph in global mode, an event
+// query or wait from this thread would otherwise invalidate that capture, though it concerns a
+// stream not captured (H100, driver 580: gpu/unmap_in_capture.cu). Events on a capturing stream
+// are never made (Device::stream_capturing).
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+}  // namespace
+
 void record_event(CUcontext context, CUevent event, CUstream stream) {
   ContextGuard guard(context);
+  RelaxedCapture relaxed;
   check(driver().cuEventRecord(event, stream), "cuEventRecord");
 }
 
 bool query_event(CUcontext context, CUevent event) {
   ContextGuard guard(context);
+  RelaxedCapture relaxed;
   const CUresult result = driver().cuEventQuery(event);
   if (result == CUDA_ERROR_NOT_READY) return false;
   check(result, "cuEventQuery");
@@ -158,7 +178,15 @@ bool query_event(CUcontext context, CUevent event) {
 
 void synchronize_event(CUcontext context, CUevent event) {
   ContextGuard guard(context);
+  RelaxedCapture relaxed;
   check(driver().cuEventSynchronize(event), "cuEventSynchronize");
+}
+
+bool stream_capturing(CUcontext context, CUstream stream) {
+  ContextGuard guard(context);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 }  // namespace gmem::cuda

@@ -179,4 +179,8 @@ void CudaSegmentDevice::synchronize_event(EventHandle event) {
   cuda::synchronize_event(as_context(context_), reinterpret_cast<CUevent>(event));
 }
 
+bool CudaSegmentDevice::stream_capturing(StreamId stream) {
+  return cuda::stream_capturing(as_context(context_), reinterpret_cast<CUstream>(stream));
+}
+
 }  // namespace gmem

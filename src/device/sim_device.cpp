@@ -369,6 +369,17 @@ bool SimulatedDevice::query_event(EventHandle event) {
   return event_complete(it->second);
 }
 
+bool SimulatedDevice::stream_capturing(StreamId stream) {
+  std::lock_guard lock(mutex_);
+  return capturing_.contains(stream);
+}
+
+void SimulatedDevice::set_stream_capturing(StreamId stream, bool capturing) {
+  std::lock_guard lock(mutex_);
+  if (capturing) capturing_.insert(stream);
+  else capturing_.erase(stream);
+}
+
 void SimulatedDevice::synchronize_event(EventHandle event) {
   std::lock_guard lock(mutex_);
   count(DeviceCall::synchronize_event);

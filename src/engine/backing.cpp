@@ -433,7 +433,13 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
         double waited_us = 0;
         if (!streams_.progress.done(stream, p.free_seq)) {
           const double waiting_since = device_.host_time();
-          streams_.progress.wait_for(stream, p.free_seq, &unlocked_);
+          if (!streams_.progress.wait_for(stream, p.free_seq, &unlocked_)) {
+            // The stream is being captured and may still use the page: it cannot be unmapped,
+            // nor the stream asked (StreamTracker::set_capturing).
+            oom_reason_ = kCaptureReason;
+            rollback();
+            return false;
+          }
           ++accounting_.stats.num_sync_all_streams;
           waited_us = device_.host_time() - waiting_since;
         }

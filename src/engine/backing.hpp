@@ -246,6 +246,10 @@ class Backing {
   std::size_t arena_size_ = 0;
   std::size_t limit_ = 0;
   std::string oom_reason_ = "limit";  // why the last growth failed
+  static constexpr const char* kCaptureReason =
+      "a CUDA graph is being captured on this stream: a page it freed must be remapped, and "
+      "whether the stream is done with it cannot be asked before the capture ends (an event "
+      "query invalidates it); allocate this before or after the capture";
 
   // --- what it holds ------------------------------------------------------------------------------
   std::vector<std::unique_ptr<Arena>> arenas_;

@@ -67,6 +67,7 @@ void StreamTracker::complete_through(std::uint32_t index, std::uint64_t seq) {
 
 bool StreamTracker::wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked) {
   if (done(index, seq)) return true;
+  if (untouchable(index)) return false;
   streams_[index].marking = true;
   streams_[index].marks_since_wait = 0;
   // The first pending event at or after the free (the oldest that covers it), else a new one.
@@ -91,6 +92,7 @@ void StreamTracker::synchronize(EventHandle event, const Unlocked* unlocked) {
 bool StreamTracker::catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked) {
   Stream& s = streams_[index];
   if (s.completed >= s.seq) return true;
+  if (untouchable(index)) return false;
   record(index);
   // Read again at each step: while a wait has the lock released, other threads may add streams
   // (streams_ grows) and complete events.

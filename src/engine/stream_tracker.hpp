@@ -47,13 +47,19 @@ class StreamTracker {
   // Blocks until stream `index` has done its work up to free `seq`, and no further than the
   // first event recorded after it: memory freed a while ago (a page that must be unmapped before
   // a block can use it) is waited for only as long as the GPU still needs it, not until the
-  // stream has run out of work. Returns true when it is done (a device error throws).
+  // stream has run out of work. Returns true when it is done (a device error throws); false
+  // only for a capturing stream (set_capturing), whose work is not known to be done.
   bool wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked = nullptr);
 
-  // A CUDA graph is being captured (or no longer): frees make no marks meanwhile. An event
-  // recorded on a capturing stream is a node of the graph, completed at once, which would read
-  // as the stream having caught up; and an event query can invalidate the capture.
+  // A CUDA graph is being captured (or no longer). An event recorded on a capturing stream is a
+  // node of the graph, completed at once, which would read as the stream having caught up, and
+  // querying it invalidates the capture. So meanwhile frees make no marks, and catch_up and
+  // wait_for make no event call for a stream the device says is capturing: they say only what is
+  // already known, work not known to be done taken as not done. Other streams are waited for as
+  // ever (the device makes those calls in relaxed capture mode, which a global-mode capture on
+  // another thread allows: gpu/unmap_in_capture.cu).
   void set_capturing(bool capturing) { capturing_ = capturing; }
+
 
   // Frees between two marks, and the most marks pending on a stream.
   static constexpr std::uint64_t kMarkEvery = 64;
@@ -73,6 +79,10 @@ class StreamTracker {
     bool marking = false;         // waited for lately: its frees are marked (stamp)
     std::uint32_t marks_since_wait = 0;
   };
+  // During a capture, whether stream `index` is the one captured (no event call may touch it).
+  bool untouchable(std::uint32_t index) {
+    return capturing_ && device_.stream_capturing(streams_[index].stream);
+  }
   // Records an event covering the stream's frees so far, after completing the pending events
   // that are done; skipped (never throws) when kMaxMarks are pending or the device fails.
   void mark(std::uint32_t index) noexcept;

@@ -814,6 +814,87 @@ TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
   engine.check_invariants();
 }
 
+// During a capture no event is recorded or queried on the captured stream (it would be a node
+// of the graph, and its query invalidates the capture: gpu/unmap_in_capture.cu). Memory that
+// stream freed and is not known to be done with is then not taken: a malloc on another stream
+// gets a new chunk, or fails as out of memory, with no event call. Other streams are waited for
+// as ever.
+TEST(Engine, CapturesTakeNoMemoryFreedOnTheCapturedStreamNotKnownToBeDone) {
+  SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
+  Engine engine(device, EngineOptions{.memory_limit = 64 * MiB});
+  constexpr StreamId captured = 1, other = 2, third = 3;
+  auto event_calls = [&] {
+    return device.calls(DeviceCall::create_event) + device.calls(DeviceCall::record_event) +
+           device.calls(DeviceCall::query_event) + device.calls(DeviceCall::synchronize_event);
+  };
+  void* a = engine.malloc(48 * MiB, captured);
+  device.submit_work(captured);
+  engine.free(a);
+  device.set_stream_capturing(captured, true);
+  engine.set_capturing(true);
+  const std::uint64_t before = event_calls();
+  EXPECT_THROW(engine.malloc(48 * MiB, other), OutOfMemoryError);  // only by waiting for it
+  void* small = engine.malloc(8 * MiB, other);                      // new chunks, within the limit
+  EXPECT_EQ(event_calls(), before) << "an event call on the captured stream";
+  engine.check_invariants();
+
+  // A stream not captured is waited for meanwhile: its freed memory serves another stream.
+  engine.free(small);
+  device.submit_work(other);
+  EXPECT_THROW(engine.malloc(56 * MiB, third), OutOfMemoryError);  // no: 48 MiB are the capture's
+  void* from_other = engine.malloc(16 * MiB, third);  // 8 MiB of them once `other` is done
+  EXPECT_GT(event_calls(), before);
+  engine.free(from_other);
+  engine.check_invariants();
+
+  device.set_stream_capturing(captured, false);
+  engine.set_capturing(false);
+  void* b = engine.malloc(48 * MiB, other);  // waits for the captured stream now
+  engine.free(b);
+  engine.check_invariants();
+}
+
+// The same for a page of the malloc's own stream whose chunk is busy at another page: it must be
+// unmapped before its new chunk is mapped, which waits until the stream is done with it. While
+// that stream is captured, that cannot be asked: the malloc fails, saying why, and nothing is
+// left half done.
+TEST(Engine, CapturesDoNotUnmapAPageTheirStreamMayStillUse) {
+  SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
+  Engine engine(device, EngineOptions{.memory_limit = 8 * MiB});
+  constexpr StreamId stream = 1;
+  void* x = engine.malloc(2 * MiB, stream);
+  void* fence = engine.malloc(2 * MiB, stream);  // x's range stays a hole of its own
+  device.submit_work(stream);                    // a kernel on x, not done
+  engine.free(x);
+  void* y = engine.malloc(4 * MiB, stream);  // beyond the fence: x's chunk mapped there too
+  ASSERT_EQ(engine.stats().chunks_held, 3);
+  const std::uint64_t maps = device.calls(DeviceCall::map);
+  device.set_stream_capturing(stream, true);
+  engine.set_capturing(true);
+  const std::uint64_t queries = device.calls(DeviceCall::query_event) +
+                                device.calls(DeviceCall::synchronize_event) +
+                                device.calls(DeviceCall::record_event);
+  try {
+    engine.malloc(2 * MiB, stream);  // x's range again: its page's chunk is busy in y
+    FAIL() << "the page was unmapped while its stream may still use it";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph is being captured"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(device.calls(DeviceCall::query_event) + device.calls(DeviceCall::synchronize_event) +
+                device.calls(DeviceCall::record_event),
+            queries);
+  EXPECT_EQ(device.calls(DeviceCall::map), maps);
+  EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, static_cast<std::int64_t>(6 * MiB));
+  engine.check_invariants();
+  device.set_stream_capturing(stream, false);
+  engine.set_capturing(false);
+  void* again = engine.malloc(2 * MiB, stream);  // waits for the stream, then remaps the page
+  EXPECT_EQ(again, x);
+  for (void* p : {again, y, fence}) engine.free(p);
+  engine.check_invariants();
+}
+
 TEST(Engine, StatsFlattenUnderPyTorchNames) {
   SimulatedDevice device;
   Engine engine(device);

@@ -71,6 +71,7 @@ class GatedDevice final : public Device {
     pass(DeviceCall::create_chunk);
     return sim.create_chunk(size);
   }
+  bool stream_capturing(StreamId stream) override { return sim.stream_capturing(stream); }
   void synchronize_event(EventHandle event) override {
     pass(DeviceCall::synchronize_event);
     sim.synchronize_event(event);
