@@ -38,7 +38,7 @@ def read_text(path):
 
 def unittest_counts(log):
     """{ran, failed, skipped, ok} summed over every unittest run in the log (gpu-check runs the
-    Python tests in two processes), or None when one never finished."""
+    Python tests in several processes), or None when one never finished."""
     runs = re.findall(r"^Ran (\d+) tests? in [\d.]+s\s*^(OK|FAILED)\b(?: \(([^)]*)\))?", log, re.M)
     started = len(re.findall(r"^Ran \d+ tests?", log, re.M))
     if not runs or len(runs) != started:
