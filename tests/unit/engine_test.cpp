@@ -783,29 +783,25 @@ TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
   SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
   Engine engine(device);
   constexpr StreamId compute = 0, side = 5;
-  auto event_calls = [&] {
-    return device.calls(DeviceCall::create_event) + device.calls(DeviceCall::record_event) +
-           device.calls(DeviceCall::query_event) + device.calls(DeviceCall::synchronize_event);
-  };
   void* p = engine.malloc(8 * MiB, compute);
   engine.record_stream(p, side);
   device.submit_work(side);
   engine.set_capturing(true);
-  const std::uint64_t before = event_calls();
+  const std::uint64_t before = event_calls(device);
   engine.free(p);
   void* q = engine.malloc(8 * MiB, compute);
   device.complete_stream(side);  // caught up, but no event says so during the capture
   void* r = engine.malloc(8 * MiB, compute);
   EXPECT_NE(q, p);
   EXPECT_NE(r, p);
-  EXPECT_EQ(event_calls(), before) << "an event call during a capture";
+  EXPECT_EQ(event_calls(device), before) << "an event call during a capture";
   EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(24 * MiB));
   engine.check_invariants();
   engine.set_capturing(false);
   engine.free(q);
   engine.free(r);
   void* t = engine.malloc(MiB, compute);  // the held free gets its event on the side stream
-  EXPECT_GT(event_calls(), before);
+  EXPECT_GT(event_calls(device), before);
   device.complete_stream(side);
   void* u = engine.malloc(MiB, compute);  // ... which has completed: the block goes
   EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(2 * MiB));
@@ -823,19 +819,15 @@ TEST(Engine, CapturesTakeNoMemoryFreedOnTheCapturedStreamNotKnownToBeDone) {
   SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
   Engine engine(device, EngineOptions{.memory_limit = 64 * MiB});
   constexpr StreamId captured = 1, other = 2, third = 3;
-  auto event_calls = [&] {
-    return device.calls(DeviceCall::create_event) + device.calls(DeviceCall::record_event) +
-           device.calls(DeviceCall::query_event) + device.calls(DeviceCall::synchronize_event);
-  };
   void* a = engine.malloc(48 * MiB, captured);
   device.submit_work(captured);
   engine.free(a);
   device.set_stream_capturing(captured, true);
   engine.set_capturing(true);
-  const std::uint64_t before = event_calls();
+  const std::uint64_t before = event_calls(device);
   EXPECT_THROW(engine.malloc(48 * MiB, other), OutOfMemoryError);  // only by waiting for it
   void* small = engine.malloc(8 * MiB, other);                      // new chunks, within the limit
-  EXPECT_EQ(event_calls(), before) << "an event call on the captured stream";
+  EXPECT_EQ(event_calls(device), before) << "an event call on the captured stream";
   engine.check_invariants();
 
   // A stream not captured is waited for meanwhile: its freed memory serves another stream.
@@ -843,7 +835,7 @@ TEST(Engine, CapturesTakeNoMemoryFreedOnTheCapturedStreamNotKnownToBeDone) {
   device.submit_work(other);
   EXPECT_THROW(engine.malloc(56 * MiB, third), OutOfMemoryError);  // no: 48 MiB are the capture's
   void* from_other = engine.malloc(16 * MiB, third);  // 8 MiB of them once `other` is done
-  EXPECT_GT(event_calls(), before);
+  EXPECT_GT(event_calls(device), before);
   engine.free(from_other);
   engine.check_invariants();
 
@@ -871,9 +863,7 @@ TEST(Engine, CapturesDoNotUnmapAPageTheirStreamMayStillUse) {
   const std::uint64_t maps = device.calls(DeviceCall::map);
   device.set_stream_capturing(stream, true);
   engine.set_capturing(true);
-  const std::uint64_t queries = device.calls(DeviceCall::query_event) +
-                                device.calls(DeviceCall::synchronize_event) +
-                                device.calls(DeviceCall::record_event);
+  const std::uint64_t events = event_calls(device);
   try {
     engine.malloc(2 * MiB, stream);  // x's range again: its page's chunk is busy in y
     FAIL() << "the page was unmapped while its stream may still use it";
@@ -881,9 +871,7 @@ TEST(Engine, CapturesDoNotUnmapAPageTheirStreamMayStillUse) {
     EXPECT_NE(std::string(e.what()).find("CUDA graph is being captured"), std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(device.calls(DeviceCall::query_event) + device.calls(DeviceCall::synchronize_event) +
-                device.calls(DeviceCall::record_event),
-            queries);
+  EXPECT_EQ(event_calls(device), events);
   EXPECT_EQ(device.calls(DeviceCall::map), maps);
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, static_cast<std::int64_t>(6 * MiB));
   engine.check_invariants();
