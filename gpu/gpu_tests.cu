@@ -440,6 +440,58 @@ TEST_P(CrossStream, SameStreamReusesAtOnceAndDataStaysOrdered) {
 INSTANTIATE_TEST_SUITE_P(SmallAndLarge, CrossStream,
                          ::testing::Values(std::size_t{4096}, 8 * kMiB));
 
+// While the main thread captures a graph in global mode, another thread's malloc that must wait
+// for a stream (memory freed there, its kernel still running) makes its event calls in relaxed
+// capture mode: the capture survives and the graph replays. Made in the thread's default mode,
+// the same calls fail and invalidate the capture (gpu/unmap_in_capture.cu).
+TEST_F(GpuTest, AnotherThreadWaitsForAStreamWhileAGraphIsCaptured) {
+  Engine& engine = make_engine(EngineOptions{.memory_limit = 64 * kMiB});
+  void* first = engine.malloc(48 * kMiB, id(a_));
+  delayed_fill(first, 48 * kMiB, 1, a_, kDelayNs);
+  engine.free(first);
+  cudaStream_t captured = nullptr;
+  GPU_CHECK(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking));
+  void* scratch = nullptr;  // the graph's own buffer, outside gmem
+  GPU_CHECK(cudaMalloc(&scratch, 4096));
+  GPU_CHECK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
+  engine.set_capturing(true);
+  fill(scratch, 4096, 3, captured);
+  void* second = nullptr;
+  std::string failure;
+  std::thread other([&] {
+    try {
+      second = engine.malloc(48 * kMiB, id(b_));  // needs stream a_'s memory: waits for it
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  other.join();
+  fill(scratch, 4096, 4, captured);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(captured, &graph);
+  engine.set_capturing(false);
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(ended, cudaSuccess) << cudaGetErrorName(ended);
+  if (ended == cudaSuccess) {
+    cudaGraphExec_t exec = nullptr;
+    GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    GPU_CHECK(cudaGraphLaunch(exec, captured));
+    GPU_CHECK(cudaStreamSynchronize(captured));
+    EXPECT_EQ(mismatches(scratch, 4096, 4), 0u) << "the replay did not run";
+    GPU_CHECK(cudaGraphExecDestroy(exec));
+    GPU_CHECK(cudaGraphDestroy(graph));
+  }
+  cudaGetLastError();
+  if (second != nullptr) {
+    fill(second, 48 * kMiB, 5, b_);
+    GPU_CHECK(cudaStreamSynchronize(b_));
+    EXPECT_EQ(mismatches(second, 48 * kMiB, 5), 0u) << "stream a_'s late write landed in it";
+    engine.free(second);
+  }
+  GPU_CHECK(cudaFree(scratch));
+  GPU_CHECK(cudaStreamDestroy(captured));
+}
+
 TEST_F(GpuTest, OutOfMemoryUnderALimitThenRecoveryAfterFrees) {
   EngineOptions options;
   options.memory_limit = 64 * kMiB;
