@@ -173,6 +173,10 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
     ranges.release(node);
     throw;
   }
+  if (backed && pinning_) [[unlikely]] {
+    const auto [first, last] = page_span(place_at.arena, ranges.node(node).addr, bytes);
+    for (std::size_t i = first; i <= last; ++i) arenas_[place_at.arena]->pages.at(i).pinned = 1;
+  }
   if (!backed) {
     ranges.release(node);
     // Chunks created for this request stay with the device, not idle in gmem's hands.
@@ -574,6 +578,32 @@ void Backing::note_unmapped(PageId id) {
   // The alias that kept the chunk busy may have been this one: list the chunk again, through a
   // page where it stays (its earlier entries may have been dropped while it was busy).
   if (c.maps > 0 && !chunk_busy(chunk)) freed_pages_.add(c.pages[0], page_at(c.pages[0]));
+}
+
+// --- captures into a pool ------------------------------------------------------------------------
+
+void Backing::pin_used_pages() {
+  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+    PageTable& pages = arenas_[a]->pages;
+    pages.for_each_touched([&](std::size_t i, const Page&) {
+      Page& p = pages.at(i);
+      settle(p);
+      if (p.refs > 0) p.pinned = 1;
+    });
+  }
+}
+
+void Backing::release_unpinned_pages() {
+  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+    const Arena& arena = *arenas_[a];
+    arena.pages.for_each_touched([&](std::size_t i, const Page& seen) {
+      if (!seen.mapped() || seen.pinned) return;
+      Page& p = arenas_[a]->pages.at(i);
+      settle(p);
+      if (p.refs > 0 || p.in_flight || !streams_.progress.done(arena.stream, p.free_seq)) return;
+      unmap_page(page_id(a, static_cast<std::uint32_t>(i)));  // its chunk goes spare
+    });
+  }
 }
 
 // --- chunks -------------------------------------------------------------------------------------

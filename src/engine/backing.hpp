@@ -129,6 +129,20 @@ class Backing {
   }
   const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
 
+  // --- captures into a pool (stable pages) ------------------------------------------------------
+  // A pool's pages keep their chunks because a CUDA graph's kernels were captured against them;
+  // but only pages under a block live during a capture can be in a graph. The others (a warm-up's,
+  // which cudagraph trees run eagerly in the pool) may give their chunks back for the capture's
+  // new pages, which take spares before they create chunks. So, in a stable engine:
+  // pin_used_pages() pins every page a live block or slab uses; release_unpinned_pages() unmaps
+  // the free pages no capture pinned whose streams are known to be done (their chunks go spare;
+  // no event call); while pinning(), every range taken pins its pages.
+  bool stable() const { return stable_pages_; }
+  void pin_used_pages();
+  void release_unpinned_pages();
+  bool pinning() const { return pinning_; }
+  void set_pinning(bool pinning) { pinning_ = pinning; }
+
   // --- reclaiming ---------------------------------------------------------------------------------
   // Gives back free chunks until at most `bytes` are held (waits for streams with `wait`).
   void trim_to(std::size_t bytes, bool wait);
@@ -242,6 +256,7 @@ class Backing {
   // EngineOptions::stable_pages: chunks come from the spares or the device, never from another
   // page, so no page is ever aliased, remapped or waited for (acquire_chunk).
   const bool stable_pages_;
+  bool pinning_ = false;  // a capture is under way in this stable engine: ranges taken pin
   std::size_t device_total_;
   std::size_t arena_size_ = 0;
   std::size_t limit_ = 0;

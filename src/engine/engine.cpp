@@ -46,6 +46,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   const std::uint32_t context = capture_.gather(false);
   std::lock_guard lock(mutex_);
   if (!cross_stream_.empty()) [[unlikely]] process_pending(false);
+  if (watch_for_capture_) [[unlikely]] capture_begins_if(stream);
   const std::uint32_t si = streams_.index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   Record record{rounded, size, stream, 0, 0, false, false, false, {}};
@@ -232,8 +233,30 @@ void Engine::Impl::mark_step() {
 
 void Engine::Impl::set_capturing(bool capturing) {
   std::lock_guard lock(mutex_);
+  if (backing_.stable()) {
+    if (capturing) {
+      // Before the capture begins (PyTorch calls beginAllocateToPool first), events may still
+      // be polled: what the pool's streams have done by now is known when the capture needs it.
+      for (std::uint32_t s = 0; s < streams_.progress.size(); ++s)
+        if (!device_.stream_capturing(streams_.progress.stream(s))) streams_.progress.catch_up(s, false);
+      // A graph captured from now on may use any block live now, whether or not it allocates.
+      backing_.pin_used_pages();
+    }
+    backing_.set_pinning(false);
+    watch_for_capture_ = capturing;
+  }
   cross_stream_.hold_events(capturing);
   streams_.progress.set_capturing(capturing);
+}
+
+void Engine::Impl::capture_begins_if(StreamId stream) {
+  if (!device_.stream_capturing(stream)) return;
+  // This pool's first malloc in a capture: the pages no capture pinned give their chunks back
+  // as spares, for the capture's new pages; from now on every range taken is pinned.
+  backing_.pin_used_pages();
+  backing_.release_unpinned_pages();
+  backing_.set_pinning(true);
+  watch_for_capture_ = false;
 }
 
 void Engine::Impl::reset_peak_stats() {

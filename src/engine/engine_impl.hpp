@@ -86,6 +86,9 @@ class Engine::Impl final : private detail::BackingClient {
   detail::CrossStreamFrees cross_stream_;  // destroyed before backing_: its events go first
   detail::RecentFrees recent_frees_;
   detail::EmptyCacheRule empty_cache_rule_;
+  // A stable engine (a pool) between set_capturing(true) and its first malloc on a capturing
+  // stream (capture_begins_if).
+  bool watch_for_capture_ = false;
 
  private:
   // The fast paths (engine.cpp): take the memory for a block and fill in its record (all but
@@ -97,6 +100,7 @@ class Engine::Impl final : private detail::BackingClient {
   void release_record(DevicePtr ptr, const detail::Record& record);
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
   void process_pending(bool wait);
+  void capture_begins_if(StreamId stream);  // a pool's first malloc in a capture (set_capturing)
   void release_spare_slabs();
   [[noreturn]] void throw_bad_free(const char* call, DevicePtr ptr) const;
 

@@ -27,7 +27,10 @@ inline constexpr ChunkId kNoChunk = ~ChunkId{0};
 struct Page {
   ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
   static constexpr std::uint32_t kMaxClashes = 15;
-  std::uint32_t refs : 24 = 0;    // used ranges overlapping the page (a few dozen at most)
+  std::uint32_t refs : 23 = 0;    // used ranges overlapping the page (a few dozen at most)
+  // A CUDA graph may use it (stable pages only: a pool's page under a block live during a
+  // capture): it keeps its chunk until the pool's cache is emptied (Backing::pin).
+  std::uint32_t pinned : 1 = 0;
   // Claimed by a malloc in its slow path (Backing::map_missing), which may release the engine's
   // lock before its maps are made: not usable before it lands.
   std::uint32_t in_flight : 1 = 0;

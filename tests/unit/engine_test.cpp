@@ -883,6 +883,53 @@ TEST(Engine, CapturesDoNotUnmapAPageTheirStreamMayStillUse) {
   engine.check_invariants();
 }
 
+// A pool keeps its pages' chunks because graphs were captured against them, but only pages
+// under a block live during a capture can be in a graph. cudagraph trees first run a function
+// eagerly in the pool (a warm-up), then capture it: the warm-up's freed pages give their chunks
+// to the capture's new pages, and pages the capture may use keep theirs.
+TEST(Engine, APoolCapturesIntoTheChunksOfPagesNoCaptureUsed) {
+  SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
+  Engine pool(device, EngineOptions{.stable_pages = true});
+  constexpr StreamId stream = 7;
+  pool.set_capturing(true);  // a warm-up: allocating to the pool, no capture
+  std::vector<void*> kept, warm_up;  // the warm-up's blocks in holes of 8 MiB between kept ones
+  for (int i = 0; i < 6; ++i) {
+    warm_up.push_back(pool.malloc(8 * MiB, stream));
+    kept.push_back(pool.malloc(2 * MiB, stream));  // live on: a graph may use them
+  }
+  device.submit_work(stream);
+  for (void* p : warm_up) pool.free(p);
+  pool.set_capturing(false);
+  device.complete_stream(stream);
+  const std::int64_t held = pool.stats().chunks_held;
+  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
+
+  pool.set_capturing(true);  // the capture: it begins after this (PyTorch's order)
+  device.set_stream_capturing(stream, true);
+  std::vector<void*> captured;  // too large for the warm-up's holes: on pages of their own
+  for (int i = 0; i < 4; ++i) captured.push_back(pool.malloc(12 * MiB, stream));
+  EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for the capture";
+  EXPECT_EQ(pool.stats().chunks_held, held);
+  EXPECT_EQ(event_calls(device) > 0, true);
+  pool.check_invariants();
+  device.set_stream_capturing(stream, false);
+  pool.set_capturing(false);
+
+  // What the graph may use keeps its chunk: a second capture releases nothing of it.
+  const std::uint64_t unmaps = device.calls(DeviceCall::unmap);
+  for (void* p : captured) pool.free(p);
+  device.complete_stream(stream);
+  pool.set_capturing(true);
+  device.set_stream_capturing(stream, true);
+  void* again = pool.malloc(12 * MiB, stream);
+  EXPECT_EQ(device.calls(DeviceCall::unmap), unmaps) << "a page a graph may use was unmapped";
+  device.set_stream_capturing(stream, false);
+  pool.set_capturing(false);
+  pool.free(again);
+  for (void* p : kept) pool.free(p);
+  pool.check_invariants();
+}
+
 TEST(Engine, StatsFlattenUnderPyTorchNames) {
   SimulatedDevice device;
   Engine engine(device);
