@@ -47,7 +47,9 @@ struct EngineOptions {
   // replay runs every captured kernel against the mappings of the moment, so a page remapped or
   // aliased after a kernel was captured would move that kernel's memory under it, and with
   // nothing to unmap a malloc never waits for a stream, which a capture forbids. Costs the
-  // memory that stitching would have reused at new addresses.
+  // memory that stitching would have reused at new addresses. Only pages under a block live
+  // during a capture (set_capturing) keep their chunks for good: at a capture's first malloc,
+  // free pages no capture used give their chunks back for the capture's new pages.
   bool stable_pages = false;
 };
 
