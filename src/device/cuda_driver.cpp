@@ -185,7 +185,11 @@ void synchronize_event(CUcontext context, CUevent event) {
 bool stream_capturing(CUcontext context, CUstream stream) {
   ContextGuard guard(context);
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  check(driver().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+  const CUresult result = driver().cuStreamIsCapturing(stream, &status);
+  // The legacy default stream while a blocking stream is captured: it would join the capture,
+  // so nothing may be recorded on it either.
+  if (result == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return true;
+  check(result, "cuStreamIsCapturing");
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
