@@ -143,5 +143,18 @@ int main() {
       cudaEventDestroy(e);
     }
   }
+  {  // the legacy default stream while a blocking stream is captured
+    cudaStream_t blocking;
+    cudaStreamCreate(&blocking);
+    cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult r = cuStreamIsCapturing(nullptr, &status);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(blocking, &graph);
+    std::printf("cuStreamIsCapturing(legacy stream) while a blocking stream is captured: %s, "
+                "status %d; end %s\n", name(r), static_cast<int>(status), cudaGetErrorName(end));
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(blocking);
+  }
   return 0;
 }
