@@ -136,11 +136,10 @@ class Backing {
   // new pages, which take spares before they create chunks. So, in a stable engine:
   // pin_used_pages() pins every page a live block or slab uses; release_unpinned_pages() unmaps
   // the free pages no capture pinned whose streams are known to be done (their chunks go spare;
-  // no event call); while pinning(), every range taken pins its pages.
+  // no event call); after set_pinning(true), every range taken pins its pages.
   bool stable() const { return stable_pages_; }
   void pin_used_pages();
   void release_unpinned_pages();
-  bool pinning() const { return pinning_; }
   void set_pinning(bool pinning) { pinning_ = pinning; }
 
   // --- reclaiming ---------------------------------------------------------------------------------

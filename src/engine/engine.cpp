@@ -233,20 +233,20 @@ void Engine::Impl::mark_step() {
 
 void Engine::Impl::set_capturing(bool capturing) {
   std::lock_guard lock(mutex_);
+  cross_stream_.hold_events(capturing);
+  streams_.progress.set_capturing(capturing);
   if (backing_.stable()) {
     if (capturing) {
       // Before the capture begins (PyTorch calls beginAllocateToPool first), events may still
       // be polled: what the pool's streams have done by now is known when the capture needs it.
-      for (std::uint32_t s = 0; s < streams_.progress.size(); ++s)
-        if (!device_.stream_capturing(streams_.progress.stream(s))) streams_.progress.catch_up(s, false);
+      // (catch_up leaves a stream already captured alone.)
+      for (std::uint32_t s = 0; s < streams_.progress.size(); ++s) streams_.progress.catch_up(s, false);
       // A graph captured from now on may use any block live now, whether or not it allocates.
       backing_.pin_used_pages();
     }
     backing_.set_pinning(false);
     watch_for_capture_ = capturing;
   }
-  cross_stream_.hold_events(capturing);
-  streams_.progress.set_capturing(capturing);
 }
 
 void Engine::Impl::capture_begins_if(StreamId stream) {
