@@ -69,6 +69,11 @@ PROGRAMS = {
     "dlrm_sparse": ("dlrm_sparse_step", 16),
     "lstm_varlen": ("lstm_varlen_step", 16),
     "gpt2_cudagraphs": ("gpt2_cudagraphs_step", 12),
+    # held-out, sixth batch: graphs captured by hand, a prefetching side stream, a GAN, offload
+    "graph_serve": ("graph_serve_step", 12),
+    "prefetch_train": ("prefetch_train_step", 16),
+    "gan": ("gan_step", 16),
+    "offload_train": ("offload_train_step", 10),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -1036,3 +1036,168 @@ def gpt2_cudagraphs_step(torch, steps, seed=0, batch=8, length=512):
 
     step.shapes = ["%d x %d" % (batch, length)] * steps
     return step
+
+
+# --- held-out, sixth batch (2026-11-25): what programs do around the model ----------------------
+# CUDA graphs captured by hand into one shared pool, a side stream that prefetches the input,
+# two models trained in turn, activations offloaded to the host.
+
+
+def graph_serve_step(torch, steps, seed=0, buckets=(32, 16, 8, 4, 2, 1), length=256, dim=1024,
+                     layers=8):
+    """Serving through CUDA graphs captured by hand, as inference engines do: a Transformer
+    encoder (8 layers, 1024 wide, bf16) captured once per batch bucket (32, 16, ..., 1 x 256
+    tokens), the largest first, every graph in one pool (torch.cuda.graph_pool_handle()), each
+    warmed up on a side stream before its capture as the CUDA-graphs docs ask. Each step serves 8
+    requests of a random batch (1..32): the input is copied into the smallest bucket that holds
+    it, its graph replayed, the rows wanted cloned out; under torch.inference_mode. The graphs are
+    captured when the program starts (before step 0), as a server does."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    layer = nn.TransformerEncoderLayer(dim, 16, 4 * dim, batch_first=True, norm_first=True)
+    model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+    model = model.cuda().eval().to(torch.bfloat16)
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    with torch.inference_mode():
+        for bucket in buckets:
+            static_in = torch.randn(bucket, length, dim, device="cuda", dtype=torch.bfloat16)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                static_out = model(static_in)
+            graphs[bucket] = (graph, static_in, static_out)
+    plan = [[rng.randint(1, buckets[0]) for _ in range(8)] for _ in range(steps)]
+
+    def step(i):
+        total = 0.0
+        with torch.inference_mode():
+            for batch in plan[i]:
+                bucket = min(b for b in buckets if b >= batch)
+                graph, static_in, static_out = graphs[bucket]
+                request = torch.randn(batch, length, dim, device="cuda", dtype=torch.bfloat16)
+                static_in[:batch].copy_(request)
+                graph.replay()
+                reply = static_out[:batch].float().clone()
+                total += float(reply.mean())
+        return total
+
+    step.shapes = ["requests of batch " + ",".join(map(str, p)) for p in plan]
+    return step
+
+
+def prefetch_train_step(torch, steps, seed=0, batch=128, size=160, pinned=4):
+    """ResNet-18 (torchvision, random init) training fed as fast loaders feed it: uint8 batches
+    in pinned host memory (a ring of 4), each copied to the GPU with non_blocking=True and
+    normalized on a side stream one step ahead, the main stream waiting for it and calling
+    record_stream on what it takes over (timm's and apex's prefetchers); bf16 autocast,
+    channels_last, SGD with momentum."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.resnet18(weights=None).cuda().train()
+    model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    host = [torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8).pin_memory()
+            for _ in range(pinned)]
+    labels_host = [torch.randint(0, 1000, (batch,)).pin_memory() for _ in range(pinned)]
+    mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
+    copier = torch.cuda.Stream()
+    ahead = {}
+
+    def prefetch(i):
+        with torch.cuda.stream(copier):
+            x = host[i % pinned].cuda(non_blocking=True)
+            y = labels_host[i % pinned].cuda(non_blocking=True)
+            x = x.float().sub_(mean).div_(std).contiguous(memory_format=torch.channels_last)
+        ahead[i] = (x, y)
+
+    def step(i):
+        if i not in ahead:
+            prefetch(i)
+        main = torch.cuda.current_stream()
+        main.wait_stream(copier)
+        x, y = ahead.pop(i)
+        x.record_stream(main)
+        y.record_stream(main)
+        prefetch(i + 1)  # the next batch copies while this one trains
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x 3 x %d x %d" % (batch, size, size)] * steps
+    return step
+
+
+def gan_step(torch, steps, seed=0, batch=128, latent=128, size=64):
+    """DCGAN at 64 px: a generator and a discriminator trained in turn, each with its own Adam
+    (the discriminator's step on real and generated images, then the generator's), so two
+    optimizer steps a training step, over different models; fp32, random "real" images."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    g = nn.Sequential(
+        nn.ConvTranspose2d(latent, 512, 4, 1, 0, bias=False), nn.BatchNorm2d(512), nn.ReLU(True),
+        nn.ConvTranspose2d(512, 256, 4, 2, 1, bias=False), nn.BatchNorm2d(256), nn.ReLU(True),
+        nn.ConvTranspose2d(256, 128, 4, 2, 1, bias=False), nn.BatchNorm2d(128), nn.ReLU(True),
+        nn.ConvTranspose2d(128, 64, 4, 2, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(True),
+        nn.ConvTranspose2d(64, 3, 4, 2, 1, bias=False), nn.Tanh()).cuda()
+    d = nn.Sequential(
+        nn.Conv2d(3, 64, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True),
+        nn.Conv2d(64, 128, 4, 2, 1, bias=False), nn.BatchNorm2d(128), nn.LeakyReLU(0.2, True),
+        nn.Conv2d(128, 256, 4, 2, 1, bias=False), nn.BatchNorm2d(256), nn.LeakyReLU(0.2, True),
+        nn.Conv2d(256, 512, 4, 2, 1, bias=False), nn.BatchNorm2d(512), nn.LeakyReLU(0.2, True),
+        nn.Conv2d(512, 1, 4, 1, 0, bias=False), nn.Flatten()).cuda()
+    opt_g = torch.optim.Adam(g.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(d.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = nn.BCEWithLogitsLoss()
+    ones = torch.ones(batch, 1, device="cuda")
+    zeros = torch.zeros(batch, 1, device="cuda")
+
+    def step(i):
+        real = torch.rand(batch, 3, size, size, device="cuda") * 2 - 1
+        fake = g(torch.randn(batch, latent, 1, 1, device="cuda"))
+        loss_d = bce(d(real), ones) + bce(d(fake.detach()), zeros)
+        loss_d.backward()
+        opt_d.step()
+        opt_d.zero_grad(set_to_none=True)
+        loss_g = bce(d(fake), ones)
+        loss_g.backward()
+        opt_g.step()
+        opt_g.zero_grad(set_to_none=True)
+        d.zero_grad(set_to_none=True)  # the generator's backward also filled d's gradients
+        return loss_d.item() + loss_g.item()
+
+    step.shapes = ["%d x %d px" % (batch, size)] * steps
+    return step
+
+
+def offload_train_step(torch, steps, seed=0, batch=8, length=1024, dim=1024, layers=12):
+    """A Transformer encoder (12 layers, 1024 wide, pre-norm) trained with its saved activations
+    offloaded to pinned host memory (torch.autograd.graph.save_on_cpu(pin_memory=True)), the
+    way programs fit a larger batch in the GPU: each activation is copied out in the forward and
+    back in the backward; bf16 autocast, AdamW, 8 x 1024 random tokens."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(dim, 16, 4 * dim, batch_first=True, norm_first=True)
+    model = nn.Sequential(nn.Embedding(32000, dim),
+                          nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
+                          nn.Linear(dim, 32000)).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        ids = torch.randint(0, 32000, (batch, length), device="cuda")
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(ids)
+                loss = nn.functional.cross_entropy(logits.view(-1, 32000).float(), ids.view(-1))
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, length)] * steps
+    return step

@@ -39,7 +39,8 @@ from common import HERE, PYTHON_DIR, emit
 HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # models.py
             "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled",
             "llama_serve_1b", "bert_large_serve", "lora_llama", "gpt2_dynamic", "diffusion_sample",
-            "gnn_random", "dlrm_sparse", "lstm_varlen", "gpt2_cudagraphs")
+            "gnn_random", "dlrm_sparse", "lstm_varlen", "gpt2_cudagraphs",
+            "graph_serve", "prefetch_train", "gan", "offload_train")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -139,7 +140,11 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "diffusion_sample": models_step("diffusion_sample"),
          "gnn_random": models_step("gnn_random"), "dlrm_sparse": models_step("dlrm_sparse"),
          "lstm_varlen": models_step("lstm_varlen"),
-         "gpt2_cudagraphs": models_step("gpt2_cudagraphs", varying=False)}
+         "gpt2_cudagraphs": models_step("gpt2_cudagraphs", varying=False),
+         "graph_serve": models_step("graph_serve"),
+         "prefetch_train": models_step("prefetch_train", varying=False),
+         "gan": models_step("gan", varying=False),
+         "offload_train": models_step("offload_train", varying=False)}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {

@@ -148,6 +148,23 @@ bool Backing::page_ready(std::uint32_t arena, std::size_t index, const Page& pag
   return true;
 }
 
+bool Backing::page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page) {
+  const std::uint32_t stream = arenas_[arena]->stream;
+  const PageId self = page_id(arena, static_cast<std::uint32_t>(index));
+  const Chunk& chunk = chunks_.at(page.chunk);
+  for (std::uint32_t k = 0; k < chunk.maps; ++k) {
+    const PageId other = chunk.pages[k];
+    if (other == self) continue;
+    const Arena& a = *arenas_[arena_of(other)];
+    const Page& p = a.pages.get(index_of(other));
+    if (p.refs > 0) return false;  // busy: no poll makes it ready
+    if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq) &&
+        (!streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq)))
+      return false;
+  }
+  return true;
+}
+
 Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
   // The best fit, at its end for the block's kind. The choice depends on the free ranges alone,
   // not on what is mapped where: a step that repeats its requests then repeats its layout, and
@@ -432,6 +449,11 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
       const bool conflict = p.mapped();
       if (conflict) {
         if (p.refs > 1 || page_ready(arena, i, p)) continue;
+        // Not known to be ready because another stream freed an alias and was not asked since:
+        // an event query costs far less than the remap it may save (a side stream that copies
+        // the next batch while the main stream's frees of the last step are done but not
+        // polled remapped every step).
+        if (page_ready_polled(arena, i, p)) continue;
         // Refs were taken in order, so an alias of this chunk among earlier pages of this block
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
         double waited_us = 0;

@@ -188,6 +188,9 @@ class Backing {
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
   // Whether the free page's chunk may serve its arena now without a device call.
   bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const;
+  // The same, polling (an event query, no wait) the other streams whose frees of its aliases
+  // are not yet known to be done.
+  bool page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page);
   bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
   // `listed`: among the stream's arenas, where online placement looks (the plan region is not).

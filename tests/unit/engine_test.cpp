@@ -957,5 +957,47 @@ TEST(Engine, ReleasesEverythingOnDestruction) {
   EXPECT_EQ(device.reserved_address_bytes(), 0u);
 }
 
+// A page whose chunk another stream used (an alias) and freed, with that stream's work since
+// done: the engine has not asked, so the page is not known to be ready. Before remapping it
+// (an unmap, a map and a set-access: ~60 us on an H100), the engine asks (an event query): a
+// side stream that copies the next batch while the main stream's last step is done, but not
+// yet polled, remapped pages every step (prefetch_train, docs/engine.md).
+TEST(Engine, APageAnotherStreamIsDoneWithIsPolledNotRemapped) {
+  SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
+  Engine engine(device, EngineOptions{.memory_limit = 2 * MiB});  // one chunk
+  constexpr StreamId main_stream = 1, side = 2;
+  void* x = engine.malloc(2 * MiB, main_stream);
+  engine.free(x);
+  device.complete_stream(main_stream);
+  void* y = engine.malloc(2 * MiB, side);  // the one chunk, stolen: mapped at both pages
+  ASSERT_EQ(engine.stats().chunks_held, 1);
+  device.submit_work(side);  // a kernel on y
+  engine.free(y);
+  device.complete_stream(side);  // done, but not polled
+
+  const std::uint64_t maps = device.calls(DeviceCall::map);
+  const std::uint64_t unmaps = device.calls(DeviceCall::unmap);
+  const std::uint64_t events = event_calls(device);
+  void* again = engine.malloc(2 * MiB, main_stream);
+  EXPECT_EQ(again, x);
+  EXPECT_EQ(device.calls(DeviceCall::map), maps) << "remapped a page the side stream was done with";
+  EXPECT_EQ(device.calls(DeviceCall::unmap), unmaps);
+  EXPECT_GT(event_calls(device), events);  // it asked
+  engine.free(again);
+  engine.check_invariants();
+
+  // Work not done yet is not taken for done: the side stream's page is then remapped or waited
+  // for, never used while a kernel may still touch it.
+  void* z = engine.malloc(2 * MiB, side);
+  device.submit_work(side);
+  engine.free(z);
+  const std::uint64_t waits = device.calls(DeviceCall::synchronize_event);
+  void* w = engine.malloc(2 * MiB, main_stream);  // its one chunk: only once the side is done
+  EXPECT_GT(device.calls(DeviceCall::synchronize_event), waits)
+      << "the main stream took the chunk the side stream may still use";
+  engine.free(w);
+  engine.check_invariants();
+}
+
 }  // namespace
 }  // namespace gmem
