@@ -21,7 +21,7 @@ marks() {
     gnn_random|lstm_varlen|gpt2_cudagraphs) echo models.py:39 ;;
     dlrm_sparse) echo models.py:971 ;;  # dense.step(), the second of its two optimizer steps
     gpt2_accum) echo models.py:424 ;;
-    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak) echo unmarked ;;
+    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve) echo unmarked ;;
     *) echo minima ;;
   esac
 }
