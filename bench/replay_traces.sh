@@ -21,7 +21,11 @@ marks() {
     gnn_random|lstm_varlen|gpt2_cudagraphs) echo models.py:39 ;;
     dlrm_sparse) echo models.py:971 ;;  # dense.step(), the second of its two optimizer steps
     gpt2_accum) echo models.py:424 ;;
-    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve) echo unmarked ;;
+    empty_cache_varlen) echo models.py:39 ;;
+    amp_scaler) echo models.py:1295 ;;  # scaler.step(optimizer)
+    distill) echo models.py:40 ;;  # SGD allocates nothing after its first step: zero_grad's frees
+
+    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve|beam_generate) echo unmarked ;;
     *) echo minima ;;
   esac
 }

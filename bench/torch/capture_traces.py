@@ -74,6 +74,11 @@ PROGRAMS = {
     "prefetch_train": ("prefetch_train_step", 16),
     "gan": ("gan_step", 16),
     "offload_train": ("offload_train_step", 10),
+    # held-out, seventh batch: empty_cache() every step, beam search, AMP's GradScaler, distillation
+    "empty_cache_varlen": ("empty_cache_varlen_step", 16),
+    "beam_generate": ("beam_generate_step", 8),
+    "amp_scaler": ("amp_scaler_step", 16),
+    "distill": ("distill_step", 16),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -5,11 +5,12 @@
 # llama_serve_1b, bert_large_serve; `batch4` fine-tuning, compiled and diffusion: lora_llama,
 # gpt2_dynamic, diffusion_sample; `batch5` shapes new every step, two optimizers, LSTM and CUDA
 # graphs: gnn_random, dlrm_sparse, lstm_varlen, gpt2_cudagraphs; `batch6` what programs do
-# around the model: graph_serve, prefetch_train, gan, offload_train): `capture` records each one's
-# allocation trace under the native allocator (and its peaks under expandable segments) for
-# `gmem replay`; `live` runs each under native, expandable and gmem (4 warm-up + 8 timed steps)
-# and prints reserved / allocated, time and gmem's maps step by step. docs/engine.md, "Held-out
-# traces". On the GPU machine, from the repository root:
+# around the model: graph_serve, prefetch_train, gan, offload_train; `batch7` training recipes
+# as scripts write them, and beam search: empty_cache_varlen, beam_generate, amp_scaler,
+# distill): `capture` records each one's allocation trace under the native allocator (and its
+# peaks under expandable segments) for `gmem replay`; `live` runs each under native, expandable
+# and gmem (4 warm-up + 8 timed steps) and prints reserved / allocated, time and gmem's maps
+# step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the repository root:
 #   bench/torch/heldout.sh capture|live [batch2|program...]   (results under $OUT or /tmp)
 set -u
 cd "$(dirname "$0")/../.."
@@ -22,6 +23,7 @@ programs=${*:-vit bert_varlen t5_varlen gpt2_accum bert_serve}
 [ "$programs" = batch4 ] && programs="lora_llama gpt2_dynamic diffusion_sample"
 [ "$programs" = batch5 ] && programs="gnn_random dlrm_sparse lstm_varlen gpt2_cudagraphs"
 [ "$programs" = batch6 ] && programs="graph_serve prefetch_train gan offload_train"
+[ "$programs" = batch7 ] && programs="empty_cache_varlen beam_generate amp_scaler distill"
 unset PYTORCH_CUDA_ALLOC_CONF GMEM_DEVICE
 if [ "$mode" = capture ]; then
   python3 bench/torch/capture_traces.py --programs $programs --expandable --timeout 200 \

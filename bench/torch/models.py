@@ -1201,3 +1201,130 @@ def offload_train_step(torch, steps, seed=0, batch=8, length=1024, dim=1024, lay
 
     step.shapes = ["%d x %d" % (batch, length)] * steps
     return step
+
+
+# --- held-out, seventh batch (2026-11-25): training recipes as scripts write them, beam search --
+
+
+def empty_cache_varlen_step(torch, steps, seed=0, batch=32):
+    """BERT-base (transformers, random init) fine-tuned for sequence classification on batches of
+    a length drawn per step (64..512, multiples of 8), bf16 autocast, AdamW, with gc.collect()
+    and torch.cuda.empty_cache() after every step, as notebooks and fine-tuning scripts do to
+    fight the fragmentation that varying lengths cause."""
+    import gc
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = BertConfig(num_labels=4)
+    model = BertForSequenceClassification(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    lengths = [rng.randrange(64, 513, 8) for _ in range(steps)]
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
+        labels = torch.randint(0, 4, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss
+        value = finish_training_step(optimizer, loss)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return value
+
+    step.shapes = ["%d x %d" % (batch, n) for n in lengths]
+    return step
+
+
+def beam_generate_step(torch, steps, seed=0, beams=4):
+    """transformers GPT-2 124M (random init, bf16) generate() with beam search (4 beams) as a
+    server runs it: each step serves 3 requests whose batch (1..8), prompt length (16..384, left
+    padded) and new tokens (16..64) are drawn at random, under torch.inference_mode. Beam search
+    reorders the KV cache by beam after every token."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().eval().to(torch.bfloat16)
+    pad = config.eos_token_id
+    plan = [[([rng.randint(16, 384) for _ in range(rng.randint(1, 8))], rng.randint(16, 64))
+             for _ in range(3)] for _ in range(steps)]
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for lengths, new in plan[i]:
+                longest = max(lengths)
+                ids = torch.full((len(lengths), longest), pad, dtype=torch.long)
+                mask = torch.zeros((len(lengths), longest), dtype=torch.long)
+                for row, n in enumerate(lengths):
+                    ids[row, longest - n:] = torch.randint(0, config.vocab_size - 1, (n,))
+                    mask[row, longest - n:] = 1
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                     max_new_tokens=new, min_new_tokens=new, num_beams=beams,
+                                     do_sample=False, pad_token_id=pad)
+                tokens += out.shape[1] - longest
+        return float(tokens)
+
+    step.shapes = [" ".join("%dx%d+%d" % (len(l), max(l), n) for l, n in requests)
+                   for requests in plan]
+    return step
+
+
+def amp_scaler_step(torch, steps, seed=0, batch=96, size=224):
+    """torchvision EfficientNet-B0 (random init) trained as AMP recipes do: fp16 autocast,
+    torch.amp.GradScaler, gradients unscaled and clipped (clip_grad_norm_ at 1.0) before the
+    scaler's step, fused AdamW, channels_last; one shape every step."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.efficientnet_b0().cuda().train()
+    model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cuda")
+
+    def step(i):
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step.shapes = ["%d x %d px" % (batch, size)] * steps
+    return step
+
+
+def distill_step(torch, steps, seed=0, batch=128, size=192, temperature=4.0):
+    """Knowledge distillation: a ResNet-50 teacher (torchvision, random init, eval mode, under
+    torch.no_grad) and a ResNet-18 student trained on the teacher's softened outputs (KL
+    divergence at temperature 4) plus the labels; bf16 autocast, SGD with momentum; one shape
+    every step."""
+    import torchvision
+
+    F = torch.nn.functional
+    torch.manual_seed(seed)
+    teacher = torchvision.models.resnet50().cuda().eval()
+    student = torchvision.models.resnet18().cuda().train()
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.05, momentum=0.9)
+
+    def step(i):
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        y = torch.randint(0, 1000, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.no_grad():
+                soft = F.softmax(teacher(x).float() / temperature, dim=1)
+            logits = student(x).float()
+            kl = F.kl_div(F.log_softmax(logits / temperature, dim=1), soft,
+                          reduction="batchmean")
+            loss = kl * temperature ** 2 + F.cross_entropy(logits, y)
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d px" % (batch, size)] * steps
+    return step

@@ -40,7 +40,8 @@ HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # mo
             "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled",
             "llama_serve_1b", "bert_large_serve", "lora_llama", "gpt2_dynamic", "diffusion_sample",
             "gnn_random", "dlrm_sparse", "lstm_varlen", "gpt2_cudagraphs",
-            "graph_serve", "prefetch_train", "gan", "offload_train")
+            "graph_serve", "prefetch_train", "gan", "offload_train",
+            "empty_cache_varlen", "beam_generate", "amp_scaler", "distill")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -144,7 +145,11 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "graph_serve": models_step("graph_serve"),
          "prefetch_train": models_step("prefetch_train", varying=False),
          "gan": models_step("gan", varying=False),
-         "offload_train": models_step("offload_train", varying=False)}
+         "offload_train": models_step("offload_train", varying=False),
+         "empty_cache_varlen": models_step("empty_cache_varlen"),
+         "beam_generate": models_step("beam_generate"),
+         "amp_scaler": models_step("amp_scaler", varying=False),
+         "distill": models_step("distill", varying=False)}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {

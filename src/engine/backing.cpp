@@ -474,7 +474,7 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
       }
       const std::uint32_t clashes_before = conflict ? p.clashes : 0;
       if (conflict && p.clashes < Page::kMaxClashes) ++p.clashes;
-      const ChunkId chunk = acquire_chunk(stream, stage, clashes_before);
+      const ChunkId chunk = acquire_chunk(stream, stage, clashes_before, arena == plan_arena_);
       if (chunk == kNoChunk) {
         rollback();
         return false;
@@ -630,7 +630,8 @@ void Backing::release_unpinned_pages() {
 
 // --- chunks -------------------------------------------------------------------------------------
 
-ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before) {
+ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before,
+                               bool planned) {
   if (chunks_.has_spare()) return chunks_.any_spare();
   if (stable_pages_) [[unlikely]] {  // a spare or a new chunk, never one mapped elsewhere
     if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
@@ -641,7 +642,8 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
   // A warm-up step (steps marked: a shape's first, the first on a new plan) stitches: its
   // layout is not seen again, and chunks bought to settle it would be held for good.
   if (clashes_before > 0 && !planner_.warm_up() &&
-      clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before, device_.host_time()))
+      clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before, planned,
+                                   device_.host_time()))
     if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
   if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {

@@ -232,8 +232,9 @@ class Backing {
   // Runs device calls with the engine's lock released; rethrows what they threw, with the lock.
   void unlocked(const std::function<void()>& calls);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
-  // clashes_before: how often the page to map had to be remapped before (Page::clashes).
-  ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before);
+  // clashes_before: how often the page to map had to be remapped before (Page::clashes);
+  // planned: the page is the plan region's.
+  ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before, bool planned);
   ChunkId create_chunk();  // kNoChunk when the limit or the device says no
   ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
   Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }

