@@ -132,8 +132,8 @@ std::pair<std::size_t, std::size_t> Backing::page_span(std::uint32_t arena, Devi
 
 // --- placement ----------------------------------------------------------------------------------
 
-bool Backing::page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
-  if (!page.aliased) return true;  // its chunk was last used here, by this arena's stream
+PageId Backing::blocking_alias(std::uint32_t arena, std::size_t index, const Page& page) const {
+  if (!page.aliased) return kNoPage;  // its chunk was last used here, by this arena's stream
   const std::uint32_t stream = arenas_[arena]->stream;
   const PageId self = page_id(arena, static_cast<std::uint32_t>(index));
   const Chunk& chunk = chunks_.at(page.chunk);
@@ -142,24 +142,20 @@ bool Backing::page_ready(std::uint32_t arena, std::size_t index, const Page& pag
     if (other == self) continue;
     const Arena& a = *arenas_[arena_of(other)];
     const Page& p = a.pages.get(index_of(other));
-    if (p.refs > 0) return false;  // busy through another alias
-    if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq)) return false;
+    if (p.refs > 0) return other;  // busy through another alias
+    if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq)) return other;
   }
-  return true;
+  return kNoPage;
 }
 
 bool Backing::page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page) {
-  const std::uint32_t stream = arenas_[arena]->stream;
-  const PageId self = page_id(arena, static_cast<std::uint32_t>(index));
-  const Chunk& chunk = chunks_.at(page.chunk);
-  for (std::uint32_t k = 0; k < chunk.maps; ++k) {
-    const PageId other = chunk.pages[k];
-    if (other == self) continue;
+  // Each poll that finds its alias's stream done lets the walk go past it, to the next alias
+  // that blocks (or none).
+  for (PageId other; (other = blocking_alias(arena, index, page)) != kNoPage;) {
     const Arena& a = *arenas_[arena_of(other)];
     const Page& p = a.pages.get(index_of(other));
     if (p.refs > 0) return false;  // busy: no poll makes it ready
-    if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq) &&
-        (!streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq)))
+    if (!streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq))
       return false;
   }
   return true;
@@ -448,12 +444,11 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
       Page& p = pages.at(i);
       const bool conflict = p.mapped();
       if (conflict) {
-        if (p.refs > 1 || page_ready(arena, i, p)) continue;
-        // Not known to be ready because another stream freed an alias and was not asked since:
-        // an event query costs far less than the remap it may save (a side stream that copies
-        // the next batch while the main stream's frees of the last step are done but not
-        // polled remapped every step).
-        if (page_ready_polled(arena, i, p)) continue;
+        // Ready, or made so by asking a stream that freed an alias and was not asked since: an
+        // event query costs far less than the remap it may save (a side stream that copies the
+        // next batch while the main stream's frees of the last step are done but not polled
+        // remapped every step).
+        if (p.refs > 1 || page_ready_polled(arena, i, p)) continue;
         // Refs were taken in order, so an alias of this chunk among earlier pages of this block
         // makes it busy, as it should. Its chunk stays mapped elsewhere: only this alias goes.
         double waited_us = 0;

@@ -186,10 +186,15 @@ class Backing {
   Placement place(std::uint32_t si, std::size_t bytes);
   Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested);
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
-  // Whether the free page's chunk may serve its arena now without a device call.
-  bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const;
+  // Whether the free page's chunk may serve its arena now without a device call: no other alias
+  // of the chunk is in use, or freed on another stream not known to be done (blocking_alias
+  // names the first that is, kNoPage when none).
+  PageId blocking_alias(std::uint32_t arena, std::size_t index, const Page& page) const;
+  bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
+    return blocking_alias(arena, index, page) == kNoPage;
+  }
   // The same, polling (an event query, no wait) the other streams whose frees of its aliases
-  // are not yet known to be done.
+  // are not yet known to be done; no query where the page is ready already.
   bool page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page);
   bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
