@@ -29,7 +29,7 @@ struct Page {
   static constexpr std::uint32_t kMaxClashes = 15;
   std::uint32_t refs : 23 = 0;    // used ranges overlapping the page (a few dozen at most)
   // A CUDA graph may use it (stable pages only: a pool's page under a block live during a
-  // capture): it keeps its chunk until the pool's cache is emptied (Backing::pin).
+  // capture): it keeps its chunk until the pool's cache is emptied (Backing::pin_used_pages).
   std::uint32_t pinned : 1 = 0;
   // Claimed by a malloc in its slow path (Backing::map_missing), which may release the engine's
   // lock before its maps are made: not usable before it lands.
