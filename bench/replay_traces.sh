@@ -24,8 +24,9 @@ marks() {
     empty_cache_varlen) echo models.py:39 ;;
     amp_scaler) echo models.py:1295 ;;  # scaler.step(optimizer)
     distill) echo models.py:40 ;;  # SGD allocates nothing after its first step: zero_grad's frees
+    ddp_train|fsdp_train) echo models.py:39 ;;
 
-    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve|beam_generate) echo unmarked ;;
+    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve|beam_generate|threads_serve|compile_serve) echo unmarked ;;
     *) echo minima ;;
   esac
 }

@@ -79,6 +79,11 @@ PROGRAMS = {
     "beam_generate": ("beam_generate_step", 8),
     "amp_scaler": ("amp_scaler_step", 16),
     "distill": ("distill_step", 16),
+    # held-out, eighth batch: DDP and FSDP2 on one rank, threads on streams, compiled serving
+    "ddp_train": ("ddp_train_step", 16),
+    "fsdp_train": ("fsdp_train_step", 16),
+    "threads_serve": ("threads_serve_step", 12),
+    "compile_serve": ("compile_serve_step", 12),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -7,8 +7,9 @@
 # graphs: gnn_random, dlrm_sparse, lstm_varlen, gpt2_cudagraphs; `batch6` what programs do
 # around the model: graph_serve, prefetch_train, gan, offload_train; `batch7` training recipes
 # as scripts write them, and beam search: empty_cache_varlen, beam_generate, amp_scaler,
-# distill): `capture` records each one's allocation trace under the native allocator (and its
-# peaks under expandable segments) for `gmem replay`; `live` runs each under native, expandable
+# distill; `batch8` data parallel on one rank, threads and compiled serving: ddp_train,
+# fsdp_train, threads_serve, compile_serve): `capture` records each one's allocation trace under
+# the native allocator (and its peaks under expandable segments) for `gmem replay`; `live` runs each under native, expandable
 # and gmem (4 warm-up + 8 timed steps) and prints reserved / allocated, time and gmem's maps
 # step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the repository root:
 #   bench/torch/heldout.sh capture|live [batch2|program...]   (results under $OUT or /tmp)
@@ -24,6 +25,7 @@ programs=${*:-vit bert_varlen t5_varlen gpt2_accum bert_serve}
 [ "$programs" = batch5 ] && programs="gnn_random dlrm_sparse lstm_varlen gpt2_cudagraphs"
 [ "$programs" = batch6 ] && programs="graph_serve prefetch_train gan offload_train"
 [ "$programs" = batch7 ] && programs="empty_cache_varlen beam_generate amp_scaler distill"
+[ "$programs" = batch8 ] && programs="ddp_train fsdp_train threads_serve compile_serve"
 unset PYTORCH_CUDA_ALLOC_CONF GMEM_DEVICE
 if [ "$mode" = capture ]; then
   python3 bench/torch/capture_traces.py --programs $programs --expandable --timeout 200 \

@@ -1328,3 +1328,152 @@ def distill_step(torch, steps, seed=0, batch=128, size=192, temperature=4.0):
 
     step.shapes = ["%d x %d px" % (batch, size)] * steps
     return step
+
+
+# --- held-out, eighth batch (2026-11-25): data parallel on one rank, threads, compiled serving ---
+# What the first seven batches lack: the data-parallel wrappers most training runs under (DDP's
+# gradient buckets; FSDP2's parameters gathered and freed per layer on streams of its own), a
+# server whose requests run in threads each on a stream of its own, and serving compiled with
+# CUDA graphs at a few padded shapes. One rank (NCCL over one GPU) runs the wrappers' real code:
+# their buckets, streams and copies.
+
+
+def _one_rank_group(torch):
+    """An NCCL process group of one rank (this GPU), made once per process."""
+    import os
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+        dist.init_process_group("nccl", rank=0, world_size=1,
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
+
+
+def ddp_train_step(torch, steps, seed=0, batch=8, length=512):
+    """transformers GPT-2 124M (random init) under DistributedDataParallel on one rank
+    (NCCL), gradients as views of its 25 MB buckets (gradient_as_bucket_view), bf16 autocast,
+    AdamW; one shape every step."""
+    from torch.nn.parallel import DistributedDataParallel
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _one_rank_group(torch)
+    torch.manual_seed(seed)
+    config = GPT2Config()
+    model = DistributedDataParallel(GPT2LMHeadModel(config).cuda().train(),
+                                    gradient_as_bucket_view=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, length)] * steps
+    return step
+
+
+def fsdp_train_step(torch, steps, seed=0, batch=4, layers=12):
+    """The Llama-style model of llama_step (12 layers, no activation checkpointing) under FSDP2
+    (fully_shard on each layer and the root) on one rank: bf16 parameters gathered for each
+    layer's forward and backward and freed after, fp32 gradients reduced, AdamW on the fp32
+    shards; a sequence length drawn per step from 512..2048."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    _one_rank_group(torch)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = dict(LLAMA, layers=layers)
+    with torch.device("cuda"):
+        model = _llama_modules(torch)(**config, checkpoint=False)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    lengths = [rng.randrange(512, 2049, 64) for _ in range(steps)]
+
+    def step(i):
+        tokens = torch.randint(0, config["vocab"], (batch, lengths[i] + 1), device="cuda")
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
+    return step
+
+
+def threads_serve_step(torch, steps, seed=0, workers=4, per_worker=2):
+    """BERT-base (random init, bf16) served by `workers` threads at once, each on a CUDA stream
+    of its own, as a threaded server runs requests: in each step every thread runs `per_worker`
+    requests of a batch (1..32) and padded length (16..512) drawn at random, under
+    torch.inference_mode, and syncs after each (a reply); the step ends when all are done."""
+    import threading
+
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = BertConfig()
+    model = _bf16_on_gpu(torch, lambda: BertModel(config))
+    streams = [torch.cuda.Stream() for _ in range(workers)]
+    plan = [[[(rng.randint(1, 32), rng.randrange(16, 513, 16)) for _ in range(per_worker)]
+             for _ in range(workers)] for _ in range(steps)]
+    device = torch.cuda.current_device()
+
+    def serve(requests, stream, totals, k):
+        try:
+            torch.cuda.set_device(device)
+            total = 0.0
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for batch, length in requests:
+                    ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+                    total += model(input_ids=ids).last_hidden_state[:, 0].float().sum().item()
+            totals[k] = total
+        except BaseException as error:  # re-raised by the step, on the main thread
+            totals[k] = error
+
+    def step(i):
+        totals = [None] * workers
+        threads = [threading.Thread(target=serve, args=(plan[i][k], streams[k], totals, k))
+                   for k in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for result in totals:
+            if not isinstance(result, float):
+                raise RuntimeError("a serving thread failed: %r" % (result,))
+        return sum(totals)
+
+    step.shapes = [" | ".join(" ".join("%dx%d" % r for r in w) for w in s) for s in plan]
+    return step
+
+
+def compile_serve_step(torch, steps, seed=0, requests=4, batches=(1, 8), lengths=(128, 512)):
+    """transformers GPT-2 124M (random init, bf16) forward served under
+    torch.compile(mode="reduce-overhead"): requests padded to a few shapes (batch 1 or 8, length
+    128 or 512; each shape compiled and captured as a CUDA graph at its first requests), 4
+    requests a step drawn at random, under torch.no_grad; the logits' last row read back."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    model = _bf16_on_gpu(torch, lambda: GPT2LMHeadModel(config))
+    forward = torch.compile(lambda ids: model(input_ids=ids).logits[:, -1].float().sum(),
+                            mode="reduce-overhead")
+    plan = [[(rng.choice(batches), rng.choice(lengths)) for _ in range(requests)]
+            for _ in range(steps)]
+
+    def step(i):
+        total = 0.0
+        with torch.no_grad():
+            for batch, length in plan[i]:
+                torch.compiler.cudagraph_mark_step_begin()
+                ids = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+                total += forward(ids).item()
+        return total
+
+    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
+    return step

@@ -41,7 +41,8 @@ HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # mo
             "llama_serve_1b", "bert_large_serve", "lora_llama", "gpt2_dynamic", "diffusion_sample",
             "gnn_random", "dlrm_sparse", "lstm_varlen", "gpt2_cudagraphs",
             "graph_serve", "prefetch_train", "gan", "offload_train",
-            "empty_cache_varlen", "beam_generate", "amp_scaler", "distill")
+            "empty_cache_varlen", "beam_generate", "amp_scaler", "distill",
+            "ddp_train", "fsdp_train", "threads_serve", "compile_serve")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -149,7 +150,11 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "empty_cache_varlen": models_step("empty_cache_varlen"),
          "beam_generate": models_step("beam_generate"),
          "amp_scaler": models_step("amp_scaler", varying=False),
-         "distill": models_step("distill", varying=False)}
+         "distill": models_step("distill", varying=False),
+         "ddp_train": models_step("ddp_train", varying=False),
+         "fsdp_train": models_step("fsdp_train"),
+         "threads_serve": models_step("threads_serve"),
+         "compile_serve": models_step("compile_serve")}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {

@@ -50,6 +50,8 @@ struct EngineOptions {
   // memory that stitching would have reused at new addresses. Only pages under a block live
   // during a capture (set_capturing) keep their chunks for good: at a capture's first malloc,
   // free pages no capture used give their chunks back for the capture's new pages.
+  // Such an engine also serves small blocks from ranges of their own, not slabs, so that
+  // malloc_at can put any of them back.
   bool stable_pages = false;
 };
 
@@ -73,6 +75,12 @@ class Engine final {
 
   // Throws Error(invalid_argument) for 0 or absurd sizes, OutOfMemoryError when it cannot serve.
   void* malloc(std::size_t size, StreamId stream = 0);
+  // A block of `size` bytes at `ptr` exactly, on the stream whose arena holds `ptr`: what puts a
+  // CUDA graph's pool back to a checkpoint (PyTorch's cudagraph trees re-allocate the blocks a
+  // recorded graph left live, at their addresses, before recording the next). Only in an engine
+  // with stable_pages, whose blocks are all ranges of their own; throws Error(invalid_argument)
+  // where [ptr, ptr + size) is not free in one of its arenas, OutOfMemoryError as malloc does.
+  void* malloc_at(void* ptr, std::size_t size);
   // Throws Error(double_free) for a block freed lately (the last 1024 frees), Error(invalid_pointer)
   // for anything else that is not a live block's start (interior, one past the end, foreign).
   void free(void* ptr);

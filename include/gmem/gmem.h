@@ -89,6 +89,10 @@ int gmem_engine_device(const gmem_engine_t* engine);
  * engine's malloc leaves an OOM report (gmem_observe.h) as gmem_malloc does. */
 gmem_status_t gmem_engine_malloc(gmem_engine_t* engine, void** ptr, size_t size, uintptr_t stream);
 gmem_status_t gmem_engine_free(gmem_engine_t* engine, void* ptr);
+/* A pool's block of `size` bytes at `ptr` exactly (on the stream whose memory holds `ptr`), as
+ * PyTorch's cudagraph trees need to put a pool back to a checkpoint: GMEM_ERROR_INVALID_ARGUMENT
+ * where [ptr, ptr + size) is not free in the pool, or for a device's engine. */
+gmem_status_t gmem_pool_malloc_at(gmem_engine_t* pool, void* ptr, size_t size);
 gmem_status_t gmem_engine_record_stream(gmem_engine_t* engine, void* ptr, uintptr_t stream);
 gmem_status_t gmem_engine_empty_cache(gmem_engine_t* engine);
 /* A CUDA graph is being captured on the engine's device (capturing != 0), or no longer: the

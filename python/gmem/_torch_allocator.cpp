@@ -98,12 +98,24 @@ struct TracedBlock {
   std::shared_ptr<c10::GatheredContext> context;
 };
 
-// A pool's live blocks at getCheckpointState (cudagraph trees).
+// A pool's live blocks at getCheckpointState (cudagraph trees): where they were, how large, on
+// which stream.
 struct PoolCheckpoint final : cca::AllocatorState {
   MempoolId_t id{0, 0};
   DeviceIndex device = 0;
+  std::vector<gmem_block_t> blocks;
   std::unordered_set<void*> live;
 };
+
+// A pointer as error messages print it. (Not `<< ptr`: streaming a void* into c10::str's
+// ostringstream from this library crashed the process on the H100's torch build, inside
+// libstdc++'s num_put, where the same message with a string printed.)
+std::string hex(const void* ptr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx",
+                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(ptr)));
+  return buf;
+}
 
 c10::CachingAllocator::Stat to_stat(const gmem_stat_t& s) {
   c10::CachingAllocator::Stat out;
@@ -303,7 +315,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
     gmem_block_t block{};
     gmem_engine_t* engine = engine_of_block(ptr);
     TORCH_CHECK(engine != nullptr && gmem_engine_block(engine, ptr, &block) == GMEM_OK,
-                "gmem: getBaseAllocation(", ptr, "): not the start of a live gmem block");
+                "gmem: getBaseAllocation(", hex(ptr), "): not the start of a live gmem block");
     if (size != nullptr) *size = block.size;
     return ptr;
   }
@@ -313,7 +325,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
     // Not ours (a tensor from another allocator, or an empty one): nothing to track, as PyTorch.
     if (ptr == nullptr || data.get_deleter() != &raw_delete_fn) return;
     gmem_engine_t* engine = engine_of_block(ptr);
-    TORCH_CHECK(engine != nullptr, "gmem: record_stream: ", ptr, " is not a gmem block");
+    TORCH_CHECK(engine != nullptr, "gmem: record_stream: ", hex(ptr), " is not a gmem block");
     TORCH_CHECK(gmem_engine_record_stream(engine, ptr,
                                           reinterpret_cast<uintptr_t>(stream.stream())) == GMEM_OK,
                 "gmem: ", last_gmem_error());
@@ -413,37 +425,64 @@ class GmemAllocator final : public cca::CUDAAllocator {
     state->id = id;
     state->device = device;
     auto it = pools_.find(id);
-    if (it != pools_.end()) state->live = it->second.live;
+    if (it == pools_.end()) return state;
+    state->live = it->second.live;
+    state->blocks.reserve(state->live.size());
+    for (void* ptr : state->live) {
+      gmem_block_t block{};
+      TORCH_CHECK(gmem_engine_block(it->second.engine, ptr, &block) == GMEM_OK,
+                  "gmem: getCheckpointState: ", last_gmem_error());
+      state->blocks.push_back(block);
+    }
     return state;
   }
 
-  // Brings a pool back to a checkpoint by freeing the blocks allocated since. gmem cannot put a
-  // block back at a given address, so a checkpoint whose blocks were freed since is refused.
+  // Puts a pool back to a checkpoint, as PyTorch's allocator does (cudagraph trees call it before
+  // recording a graph that follows another): the blocks allocated since are freed, and every
+  // block live at the checkpoint is handed out anew at its address, those freed since allocated
+  // there again (Engine::malloc_at). As in PyTorch, a block live all along is listed both as
+  // freed and as allocated, so that only the blocks of neither count as freed for good.
   cca::CheckpointDelta setCheckpointPoolState(
       DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) override {
     auto* state = dynamic_cast<PoolCheckpoint*>(pps.get());
     TORCH_CHECK(state != nullptr, "gmem: setCheckpointPoolState: not a gmem checkpoint");
     cca::CheckpointDelta delta;
     std::vector<void*> to_free;
+    std::vector<const gmem_block_t*> to_restore;
+    gmem_engine_t* engine = nullptr;
     {
       std::lock_guard lock(pools_mutex_);
       auto it = pools_.find(state->id);
       TORCH_CHECK(it != pools_.end(), "gmem: setCheckpointPoolState: the pool is gone");
-      for (void* ptr : state->live) {
-        TORCH_CHECK(it->second.live.count(ptr) != 0,
-                    "gmem: restoring a CUDA-graph pool checkpoint (cudagraph trees) needs block ",
-                    ptr, ", freed since; gmem cannot re-allocate a block at a given address. "
-                    "Set torch._inductor.config.triton.cudagraph_trees = False, or use "
-                    "mode='max-autotune-no-cudagraphs'");
-      }
-      for (void* ptr : it->second.live)
+      engine = it->second.engine;
+      for (void* ptr : it->second.live) {
+        delta.ptrs_freed.push_back(ptr);
         if (state->live.count(ptr) == 0) to_free.push_back(ptr);
+      }
+      for (const gmem_block_t& block : state->blocks)
+        if (it->second.live.count(block.ptr) == 0) to_restore.push_back(&block);
     }
-    (void)device;
-    for (void* ptr : to_free) {
-      free(ptr);
-      delta.ptrs_freed.push_back(ptr);
+    for (void* ptr : to_free) free(ptr);
+    for (std::size_t k = 0; k < to_restore.size(); ++k) {
+      const gmem_block_t& block = *to_restore[k];
+      if (gmem_pool_malloc_at(engine, block.ptr, block.requested) != GMEM_OK) {
+        const std::string why = last_gmem_error();
+        for (std::size_t j = 0; j < k; ++j) free(to_restore[j]->ptr);  // as it was
+        TORCH_CHECK(false, "gmem: putting a CUDA-graph pool back to its checkpoint "
+                    "(cudagraph trees): the block at ", hex(block.ptr), " (", block.requested,
+                    " bytes) cannot be allocated there again: ", why);
+      }
+      std::lock_guard lock(pools_mutex_);
+      auto it = pools_.find(state->id);
+      note_pool_block(it->second, block.ptr);
     }
+    if (tracing_.load(std::memory_order_relaxed))
+      for (const gmem_block_t* block : to_restore)
+        record_alloc(block->ptr, block->requested, device,
+                     reinterpret_cast<cudaStream_t>(block->stream), state->id, nullptr);
+    for (const gmem_block_t& block : state->blocks)
+      delta.dataptrs_allocd.emplace_back(block.ptr, block.ptr, &raw_delete_fn,
+                                         c10::Device(c10::DeviceType::CUDA, device));
     return delta;
   }
 

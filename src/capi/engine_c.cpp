@@ -153,6 +153,15 @@ gmem_status_t gmem_engine_malloc(gmem_engine_t* engine, void** ptr, size_t size,
   });
 }
 
+gmem_status_t gmem_pool_malloc_at(gmem_engine_t* pool, void* ptr, size_t size) {
+  return run_guarded("gmem_pool_malloc_at", [&] {
+    gmem::Engine& e = engine_of(pool);
+    if (!pool->owned)
+      throw gmem::Error(gmem::Errc::invalid_argument, "not a pool (a device's own engine)");
+    e.malloc_at(ptr, size);
+  });
+}
+
 gmem_status_t gmem_engine_free(gmem_engine_t* engine, void* ptr) {
   if (ptr == nullptr) return GMEM_OK;
   return run_guarded("gmem_engine_free", [&] { engine_of(engine).free(ptr); });

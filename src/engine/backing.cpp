@@ -176,7 +176,27 @@ Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
 }
 
 Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::size_t requested) {
-  const Placement place_at = place(si, bytes);
+  return take_placed(place(si, bytes), bytes, requested);
+}
+
+Backing::Taken Backing::take_at(DevicePtr addr, std::size_t bytes, std::size_t requested) {
+  // Not a hot path (a pool put back to a checkpoint): a walk over the arena's ranges in order.
+  for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
+    const RangeAllocator& ranges = arenas_[a]->ranges;
+    if (addr < ranges.base() || addr >= ranges.base() + ranges.size()) continue;
+    for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next) {
+      const RangeNode& n = ranges.node(id);
+      if (n.addr + n.size <= addr) continue;
+      if (!n.free || n.addr + n.size < addr + bytes) break;  // [addr, addr + bytes) is in use
+      return take_placed({a, id, addr - n.addr}, bytes, requested);
+    }
+    break;
+  }
+  return {0, kNoNode, 0};
+}
+
+Backing::Taken Backing::take_placed(const Placement& place_at, std::size_t bytes,
+                                    std::size_t requested) {
   RangeAllocator& ranges = arenas_[place_at.arena]->ranges;
   const NodeId node = ranges.take(place_at.node, bytes, place_at.offset);
   bool backed = false;
@@ -197,7 +217,7 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
       while (chunks_.has_spare()) release_chunk(chunks_.any_spare());
     } catch (const DeviceError&) {  // kept as spare: the OOM is the news here
     }
-    throw_oom(requested, streams_.progress.stream(si));
+    throw_oom(requested, streams_.progress.stream(arenas_[place_at.arena]->stream));
   }
   return {place_at.arena, node, ranges.node(node).addr};
 }

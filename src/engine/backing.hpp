@@ -116,6 +116,10 @@ class Backing {
     return take_online(si, bytes, requested);
   }
   void release_range(std::uint32_t arena, NodeId node);
+  // The used range [addr, addr + bytes) in the arena that holds it, backed by mapped pages, as
+  // take_range's; kNoNode in the result's node when that range is not all free (nothing changed).
+  // What Engine::malloc_at puts a block back with.
+  Taken take_at(DevicePtr addr, std::size_t bytes, std::size_t requested);
 
   // --- planned step layouts (step_plan.hpp) -----------------------------------------------------
   // A training step ends: from now on the range mallocs of one stream (the first to make one)
@@ -185,6 +189,8 @@ class Backing {
   };
   Placement place(std::uint32_t si, std::size_t bytes);
   Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  // Takes `bytes` of free range `at.node` at `at.offset` and backs them (OOM for `requested`).
+  Taken take_placed(const Placement& at, std::size_t bytes, std::size_t requested);
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
   // Whether the free page's chunk may serve its arena now without a device call: no other alias
   // of the chunk is in use, or freed on another stream not known to be done (blocking_alias

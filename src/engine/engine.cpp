@@ -38,11 +38,18 @@ void Engine::Impl::attach(detail::EngineObserver* observer) {
   capture_.set(observer ? observer->context_capture() : detail::ContextCapture{});
 }
 
-void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
-  if (size == 0) throw Error(Errc::invalid_argument, "malloc(0): size must be at least 1 byte");
+namespace {
+void check_request(const char* call, std::size_t size) {
+  if (size == 0)
+    throw Error(Errc::invalid_argument, std::string(call) + "(0): size must be at least 1 byte");
   if (size > kMaxRequest)
-    throw Error(Errc::invalid_argument, "malloc(" + std::to_string(size) +
+    throw Error(Errc::invalid_argument, std::string(call) + "(" + std::to_string(size) +
                                             "): larger than any device (a negative size cast?)");
+}
+}  // namespace
+
+void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
+  check_request("malloc", size);
   const std::uint32_t context = capture_.gather(false);
   std::lock_guard lock(mutex_);
   if (!cross_stream_.empty()) [[unlikely]] process_pending(false);
@@ -50,12 +57,45 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   const std::uint32_t si = streams_.index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
   Record record{rounded, size, stream, 0, 0, false, false, false, {}};
-  const DevicePtr ptr = rounded <= detail::kSlabLimit ? malloc_slab(size, rounded, si, record)
-                                                      : malloc_range(size, rounded, si, record);
+  // A stable engine (a graph's pool) keeps no slabs: malloc_at must be able to put any block
+  // back, and a slab's slot cannot be once its slab is gone.
+  const DevicePtr ptr = rounded <= detail::kSlabLimit && !backing_.stable()
+                            ? malloc_slab(size, rounded, si, record)
+                            : malloc_range(size, rounded, si, record);
   if (observer_) observer_->on_malloc(ptr, rounded, stream, context, record.tag);
   live_.insert(ptr, record);
   accounting_.count_malloc(record);
   return reinterpret_cast<void*>(ptr);
+}
+
+void* Engine::Impl::malloc_at(void* p, std::size_t size) {
+  check_request("malloc_at", size);
+  const auto ptr = reinterpret_cast<DevicePtr>(p);
+  if (!backing_.stable())
+    throw Error(Errc::invalid_argument,
+                "malloc_at: only an engine with stable pages (a CUDA graph's pool) places blocks "
+                "at given addresses");
+  if (ptr % kAlignment != 0)
+    throw Error(Errc::invalid_argument, "malloc_at(" + hex(ptr) + "): not a block's address (" +
+                                            std::to_string(kAlignment) + "-byte aligned)");
+  const std::uint32_t context = capture_.gather(false);
+  std::lock_guard lock(mutex_);
+  if (!cross_stream_.empty()) process_pending(false);
+  const std::size_t rounded = round_up(size, kAlignment);
+  const detail::Backing::Taken range = backing_.take_at(ptr, rounded, size);
+  if (range.node == detail::kNoNode)
+    throw Error(Errc::invalid_argument, "malloc_at(" + hex(ptr) + ", " + std::to_string(size) +
+                                            "): that range is not free in this engine's memory");
+  const StreamId stream = streams_.progress.stream(backing_.arena(range.arena).stream);
+  Record record{rounded, size, stream, 0, 0, false, false, false, {}};
+  record.arena = range.arena;
+  record.id = range.node;
+  record.small = rounded <= kSmallLimit;
+  accounting_.count_range_taken(rounded, record.small);
+  if (observer_) observer_->on_malloc(ptr, rounded, stream, context, record.tag);
+  live_.insert(ptr, record);
+  accounting_.count_malloc(record);
+  return p;
 }
 
 DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
@@ -278,6 +318,7 @@ Engine::~Engine() {
   impl_->accounting_.join(nullptr);  // what it still holds (its chunks) leaves its group
 }
 void* Engine::malloc(std::size_t size, StreamId stream) { return impl_->malloc(size, stream); }
+void* Engine::malloc_at(void* ptr, std::size_t size) { return impl_->malloc_at(ptr, size); }
 void Engine::free(void* ptr) { impl_->free(ptr); }
 void Engine::record_stream(void* ptr, StreamId stream) { impl_->record_stream(ptr, stream); }
 void Engine::empty_cache() { impl_->empty_cache(); }

@@ -42,6 +42,7 @@ class Engine::Impl final : private detail::BackingClient {
   ~Impl() = default;
 
   void* malloc(std::size_t size, StreamId stream);
+  void* malloc_at(void* ptr, std::size_t size);
   void free(void* ptr);
   void record_stream(void* ptr, StreamId stream);
   void empty_cache();

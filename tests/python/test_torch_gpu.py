@@ -179,6 +179,9 @@ class CompileOnGpuTest(unittest.TestCase):
             self.assertLess(diff, 1e-4 if mode == "max-autotune" else 1e-5, mode)
         for a, b in zip(ours["train_losses"], native["train_losses"]):
             self.assertAlmostEqual(a, b, places=5)
+        self.assertEqual(len(ours["shape_turns"]), 14)
+        for compiled, eager in ours["shape_turns"]:
+            self.assertAlmostEqual(compiled, eager, delta=1e-3 * max(1.0, abs(eager)))
 
 class DiagnosticsOnGpuTest(unittest.TestCase):
     """examples/oom_causes.py: the four classic ways to run out of memory, each run to its OOM on
@@ -495,7 +498,22 @@ def worker_compile(torch, result):
         optimizer.step()
         losses.append(loss.item())
     torch.cuda.synchronize()
-    result.update(outputs=outputs, close_to_eager=close, train_losses=losses)
+    # Shapes taking turns under reduce-overhead, as a server of a few padded shapes runs: each
+    # shape's graph is recorded after another's, which puts the pool back to that graph's
+    # checkpoint (setCheckpointPoolState: blocks freed since allocated again at their addresses).
+    # Under gmem this crashed the process until 2026-11-25. cudagraph trees' own slow-path
+    # asserts check the pool's live blocks against the live outputs after each.
+    torch._dynamo.reset()
+    inductor_config.triton.slow_path_cudagraph_asserts = True
+    shaped = torch.compile(lambda x: model(x).float().sum(), mode="reduce-overhead")
+    turns = []
+    with torch.no_grad():
+        for rows in (8, 8, 8, 1, 1, 1, 8, 1, 4, 4, 4, 8, 1, 4):
+            torch.compiler.cudagraph_mark_step_begin()
+            x = torch.randn(rows, 64, generator=data).cuda()
+            turns.append([shaped(x).item(), model(x).float().sum().item()])
+    inductor_config.triton.slow_path_cudagraph_asserts = False
+    result.update(outputs=outputs, close_to_eager=close, train_losses=losses, shape_turns=turns)
 
 
 def worker_graph(torch, result):

@@ -482,6 +482,26 @@ TEST_F(CApi, TheDeviceCountsItsPoolsWithPeaksOfTheSum) {
   ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
 }
 
+// What gmem.torch's setCheckpointPoolState does for cudagraph trees: a block freed since the
+// checkpoint is allocated again at its address; a range in use, or a device's engine, refused.
+TEST_F(CApi, APoolPutsABlockBackAtItsAddress) {
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(-1, &pool), GMEM_OK) << last_error();
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(gmem_engine_malloc(pool, &a, 3 * kMiB, 0), GMEM_OK);
+  ASSERT_EQ(gmem_engine_malloc(pool, &b, 100, 0), GMEM_OK);
+  ASSERT_EQ(gmem_engine_free(pool, a), GMEM_OK);
+  ASSERT_EQ(gmem_pool_malloc_at(pool, a, 3 * kMiB), GMEM_OK) << last_error();
+  gmem_block_t block{};
+  ASSERT_EQ(gmem_engine_block(pool, a, &block), GMEM_OK);
+  EXPECT_EQ(block.requested, 3 * kMiB);
+  EXPECT_EQ(gmem_pool_malloc_at(pool, b, 100), GMEM_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(last_error()).find("not free"), std::string::npos) << last_error();
+  EXPECT_EQ(gmem_pool_malloc_at(device_engine(), a, 512), GMEM_ERROR_INVALID_ARGUMENT);
+  for (void* p : {a, b}) ASSERT_EQ(gmem_engine_free(pool, p), GMEM_OK);
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+}
+
 TEST_F(CApi, PoolListsItsBlocksAndEmptiesItsCache) {
   gmem_engine_t* pool = nullptr;
   ASSERT_EQ(gmem_pool_create(-1, &pool), GMEM_OK) << last_error();

@@ -930,6 +930,51 @@ TEST(Engine, APoolCapturesIntoTheChunksOfPagesNoCaptureUsed) {
   pool.check_invariants();
 }
 
+// cudagraph trees put a pool back to the checkpoint of a recorded graph before recording the
+// next: the blocks that graph left live are allocated again at their addresses (the first may
+// have been freed since, and its memory used by blocks freed in turn), small ones included.
+TEST(Engine, APoolPutsBlocksBackAtTheirAddresses) {
+  SimulatedDevice device(device_of(1 * GiB));
+  Engine pool(device, EngineOptions{.stable_pages = true});
+  constexpr StreamId stream = 3;
+  void* small = pool.malloc(4, stream);  // a graph's scalar output
+  void* large = pool.malloc(6 * MiB + 1000, stream);
+  void* kept = pool.malloc(3 * MiB, stream);
+  pool.free(small);
+  pool.free(large);
+  void* later = pool.malloc(8 * MiB, stream);  // the next recording reuses what they held
+  pool.free(later);
+  EXPECT_EQ(pool.malloc_at(large, 6 * MiB + 1000), large);
+  EXPECT_EQ(pool.malloc_at(small, 4), small);
+  const BlockInfo info = pool.block_info(large);
+  EXPECT_EQ(info.requested, 6 * MiB + 1000);
+  EXPECT_EQ(info.stream, stream);
+  EXPECT_EQ(pool.stats().allocated_bytes[kAllPools].current,
+            static_cast<std::int64_t>(512 + (6 * MiB + 1024) + 3 * MiB));
+  pool.check_invariants();
+  // Where the range is not free, or not the pool's, nothing changes.
+  for (auto [ptr, size] : {std::pair{static_cast<char*>(kept) + 512, std::size_t{512}},
+                           std::pair{static_cast<char*>(large) - 512, std::size_t{1024}},
+                           std::pair{static_cast<char*>(nullptr) + 4096, std::size_t{512}}}) {
+    try {
+      pool.malloc_at(ptr, size);
+      ADD_FAILURE() << "malloc_at over a block in use or outside the pool succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("not free"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(pool.malloc_at(static_cast<char*>(kept) + 100, 8), Error);  // not aligned
+  pool.check_invariants();
+  for (void* p : {small, large, kept}) pool.free(p);
+  pool.check_invariants();
+  // A device's engine has slabs, whose slots cannot be promised back: it refuses.
+  Engine engine(device);
+  void* p = engine.malloc(4 * MiB);
+  engine.free(p);
+  EXPECT_THROW(engine.malloc_at(p, 4 * MiB), Error);
+}
+
 TEST(Engine, StatsFlattenUnderPyTorchNames) {
   SimulatedDevice device;
   Engine engine(device);
