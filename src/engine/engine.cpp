@@ -62,7 +62,11 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   const DevicePtr ptr = rounded <= detail::kSlabLimit && !backing_.stable()
                             ? malloc_slab(size, rounded, si, record)
                             : malloc_range(size, rounded, si, record);
-  if (observer_) observer_->on_malloc(ptr, rounded, stream, context, record.tag);
+  return hand_out(ptr, record, context);
+}
+
+void* Engine::Impl::hand_out(DevicePtr ptr, detail::Record& record, std::uint32_t context) {
+  if (observer_) observer_->on_malloc(ptr, record.size, record.stream, context, record.tag);
   live_.insert(ptr, record);
   accounting_.count_malloc(record);
   return reinterpret_cast<void*>(ptr);
@@ -88,14 +92,7 @@ void* Engine::Impl::malloc_at(void* p, std::size_t size) {
                                             "): that range is not free in this engine's memory");
   const StreamId stream = streams_.progress.stream(backing_.arena(range.arena).stream);
   Record record{rounded, size, stream, 0, 0, false, false, false, {}};
-  record.arena = range.arena;
-  record.id = range.node;
-  record.small = rounded <= kSmallLimit;
-  accounting_.count_range_taken(rounded, record.small);
-  if (observer_) observer_->on_malloc(ptr, rounded, stream, context, record.tag);
-  live_.insert(ptr, record);
-  accounting_.count_malloc(record);
-  return p;
+  return hand_out(note_range(range, record), record, context);
 }
 
 DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
@@ -126,12 +123,14 @@ DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::
 
 DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
                                      Record& record) {
-  const detail::Backing::Taken range = backing_.take_range(si, rounded, size, true);
-  const bool small = rounded <= kSmallLimit;
-  accounting_.count_range_taken(rounded, small);
+  return note_range(backing_.take_range(si, rounded, size, true), record);
+}
+
+DevicePtr Engine::Impl::note_range(const detail::Backing::Taken& range, Record& record) {
   record.arena = range.arena;
   record.id = range.node;
-  record.small = small;
+  record.small = record.size <= kSmallLimit;
+  accounting_.count_range_taken(record.size, record.small);
   return range.addr;
 }
 

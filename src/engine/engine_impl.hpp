@@ -98,6 +98,10 @@ class Engine::Impl final : private detail::BackingClient {
                         detail::Record& record);
   DevicePtr malloc_range(std::size_t size, std::size_t rounded, std::uint32_t si,
                          detail::Record& record);
+  // A block's own range, taken: where it is in the record, and counted.
+  DevicePtr note_range(const detail::Backing::Taken& range, detail::Record& record);
+  // A block taken (malloc, malloc_at): observed, listed live, counted.
+  void* hand_out(DevicePtr ptr, detail::Record& record, std::uint32_t context);
   void release_record(DevicePtr ptr, const detail::Record& record);
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
   void process_pending(bool wait);
