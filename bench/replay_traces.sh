@@ -5,8 +5,9 @@
 # and generation unmarked (they have no optimizer, so nothing marks them). One line a trace:
 # reserved and smallest cap over peak allocated, device calls in the second half and modelled
 # device ms a step there, and the calls made in new steps / steps seen once before / steps seen
-# twice or more (`gmem replay --steps`). The figures of docs/engine.md's tables and the closing
-# notes come from here.
+# twice or more (`gmem replay --steps`), and the share of the buffers the trace's allocator made
+# anew in their place (same address, same size) that gmem put back in theirs too. The figures
+# of docs/engine.md's tables and the closing notes come from here.
 #   bench/replay_traces.sh [GMEM_BINARY]   (held-out traces from $HELDOUT, default .gpuwork/heldout)
 set -u
 cd "$(dirname "$0")/.."
@@ -24,9 +25,11 @@ marks() {
     empty_cache_varlen) echo models.py:39 ;;
     amp_scaler) echo models.py:1295 ;;  # scaler.step(optimizer)
     distill) echo models.py:40 ;;  # SGD allocates nothing after its first step: zero_grad's frees
-    ddp_train|fsdp_train) echo models.py:39 ;;
+    ddp_train|fsdp_train|rollout_train) echo models.py:39 ;;
+    ema_train) echo models.py:1548 ;;  # its own optimizer.step()
+    fabric_train) echo models.py:1627 ;;  # its own optimizer.step()
 
-    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve|beam_generate|threads_serve|compile_serve) echo unmarked ;;
+    gpt2_generate|bert_serve|llama_generate|bert_large_serve|llama_serve_1b|diffusion_sample|tiny_leak|graph_serve|beam_generate|threads_serve|compile_serve|static_generate) echo unmarked ;;
     *) echo minima ;;
   esac
 }
@@ -44,7 +47,9 @@ import json, sys
 r = json.load(sys.stdin)
 calls = r.get("device_calls_by_times_seen", [0, 0, 0])
 ms = r["device_ms_per_step"]
+kept = 100.0 * r["same_place_kept"] / r["same_place_recorded"] if r["same_place_recorded"] else 100.0
 print("%-20s %-15s reserved %.3f  cap %.3f  late calls %6d  ms/step %6.2f  calls new/once/twice %d/%d/%d"
+      "  same place %5.1f%%"
       % (r["trace"], sys.argv[1], r["reserved_ratio"], r["min_capacity_ratio"], r["late_device_calls"],
-         ms if ms is not None else 0.0, *calls))' "$how"
+         ms if ms is not None else 0.0, *calls, kept))' "$how"
 done

@@ -200,6 +200,8 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
       .field("maps", r.maps)
       .field("unmaps", r.unmaps)
       .field("late_device_calls", r.late_device_calls)
+      .field("same_place_recorded", r.same_place_recorded)
+      .field("same_place_kept", r.same_place_kept)
       .field("ns_per_op", r.ns_per_op)
       .field("lag_us", r.lag_us)
       .field("device_call_us", r.device_call_us)

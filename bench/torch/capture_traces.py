@@ -84,6 +84,12 @@ PROGRAMS = {
     "fsdp_train": ("fsdp_train_step", 16),
     "threads_serve": ("threads_serve_step", 12),
     "compile_serve": ("compile_serve_step", 12),
+    # held-out, ninth batch: rollouts and training taking turns, EMA with foreach ops, generation
+    # on a static cache under CUDA graphs, Lightning Fabric
+    "rollout_train": ("rollout_train_step", 12),
+    "ema_train": ("ema_train_step", 16),
+    "static_generate": ("static_generate_step", 10),
+    "fabric_train": ("fabric_train_step", 16),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -1477,3 +1477,158 @@ def compile_serve_step(torch, steps, seed=0, requests=4, batches=(1, 8), lengths
 
     step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
     return step
+
+
+def rollout_train_step(torch, steps, seed=0, batch=8):
+    """Reinforcement learning from rollouts, as GRPO/PPO-style fine-tuning loops run it:
+    transformers GPT-2 124M (random init) samples completions for a batch of prompts (prompt
+    lengths 32..128 left padded, 32..160 new tokens, both drawn per step; generate() with its KV
+    cache under torch.no_grad in eval mode), then trains on prompt + completion in train mode: the
+    completion's log-probabilities weighted by a random advantage per sequence (bf16 autocast,
+    AdamW). Generation and training take turns over the same model every step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    pad = config.eos_token_id
+    plan = [([rng.randint(32, 128) for _ in range(batch)], rng.randint(32, 160))
+            for _ in range(steps)]
+    F = torch.nn.functional
+
+    def step(i):
+        lengths, new = plan[i]
+        longest = max(lengths)
+        ids = torch.full((batch, longest), pad, dtype=torch.long)
+        mask = torch.zeros((batch, longest), dtype=torch.long)
+        for row, n in enumerate(lengths):
+            ids[row, longest - n:] = torch.randint(0, config.vocab_size - 1, (n,))
+            mask[row, longest - n:] = 1
+        ids, mask = ids.cuda(), mask.cuda()
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                                 min_new_tokens=new, do_sample=True, top_k=50, pad_token_id=pad)
+        model.train()
+        full_mask = torch.cat([mask, torch.ones_like(out[:, longest:])], dim=1)
+        advantage = torch.randn(batch, 1, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=out, attention_mask=full_mask).logits[:, longest - 1:-1]
+            logp = torch.gather(F.log_softmax(logits.float(), dim=-1), 2,
+                                out[:, longest:, None]).squeeze(2)
+            loss = -(logp * advantage).mean()
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["batch %d prompts %d..%d +%d" % (batch, min(l), max(l), n) for l, n in plan]
+    return step
+
+
+def ema_train_step(torch, steps, seed=0, batch=48, size=64, decay=0.999):
+    """Diffusion training as diffusers' scripts run it: the DDPM training of unet_step with a
+    fused AdamW (fused=True), gradients clipped with clip_grad_norm_ (foreach), and an EMA copy
+    of the weights updated after every optimizer step with torch._foreach_lerp_ over all
+    parameters at once (diffusers' EMAModel with foreach); bf16 autocast, one shape."""
+    torch.manual_seed(seed)
+    model = _unet(torch).cuda().train()
+    ema = [p.detach().clone() for p in model.parameters()]
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+
+    def step(i):
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        t = torch.randint(0, 1000, (batch,), device="cuda").float()
+        noise = torch.randn_like(x)
+        a = torch.cos(t / 1000 * math.pi / 2)[:, None, None, None]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(model(a * x + (1 - a * a).sqrt() * noise, t), noise)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_lerp_(ema, [p.detach() for p in params], 1 - decay)
+        return loss.item()
+
+    step.shapes = ["batch %d x %d px" % (batch, size)] * steps
+    return step
+
+
+def static_generate_step(torch, steps, seed=0, batch=4, prompts=(64, 128), new=64):
+    """Generation as transformers' docs make it fast: a Llama-style LlamaForCausalLM (random
+    init, bf16, 8 layers of 1024) whose generate() runs on a static KV cache
+    (cache_implementation="static") with the model's forward under torch.compile in
+    reduce-overhead mode (CUDA graphs): transformers compiles it itself where its version does so
+    (GenerationConfig.compile_config), otherwise it is compiled here as its docs say. Greedy, a
+    batch of 4 prompts left padded to 64 or 128 tokens (drawn per request), 64 new tokens, two
+    requests a step, under torch.inference_mode."""
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                         max_position_embeddings=1024, pad_token_id=0)
+    model = _bf16_on_gpu(torch, lambda: LlamaForCausalLM(config))
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.pad_token_id = 0
+    if not hasattr(transformers.GenerationConfig(), "compile_config"):
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    plan = [[rng.choice(prompts) for _ in range(2)] for _ in range(steps)]
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for longest in plan[i]:
+                lengths = [rng.randint(longest // 2, longest) for _ in range(batch)]
+                ids = torch.zeros((batch, longest), dtype=torch.long)
+                mask = torch.zeros((batch, longest), dtype=torch.long)
+                for row, n in enumerate(lengths):
+                    ids[row, longest - n:] = torch.randint(3, config.vocab_size, (n,))
+                    mask[row, longest - n:] = 1
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                     max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                tokens += out.shape[1] - longest
+        return float(tokens)
+
+    step.shapes = [" ".join("%dx%d+%d" % (batch, p, new) for p in requests) for requests in plan]
+    return step
+
+
+def fabric_train_step(torch, steps, seed=0, batch=8, lengths=(256, 512, 1024), layers=12):
+    """Training under Lightning Fabric, the loop scripts write with it: the Llama-style model
+    (12 layers, no activation checkpointing) set up by Fabric with precision="bf16-mixed",
+    fabric.backward, fabric.clip_gradients, AdamW; batches bucketed by length (256, 512 or 1024
+    tokens, drawn per step), and the device's memory statistics read after every step as
+    Lightning's DeviceStatsMonitor reads them (torch.cuda.memory_stats)."""
+    try:
+        from lightning.fabric import Fabric
+    except ImportError:
+        from lightning_fabric import Fabric
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    fabric = Fabric(accelerator="cuda", devices=1, precision="bf16-mixed")
+    config = dict(LLAMA, layers=layers)
+    with torch.device("cuda"):
+        model = _llama_modules(torch)(**config, checkpoint=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    plan = [rng.choice(lengths) for _ in range(steps)]
+    polled = []
+
+    def step(i):
+        tokens = torch.randint(0, config["vocab"], (batch, plan[i] + 1), device="cuda")
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        fabric.backward(loss)
+        fabric.clip_gradients(model, optimizer, max_norm=1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stats = torch.cuda.memory_stats()
+        polled.append(stats.get("allocated_bytes.all.current", 0))
+        return loss.item()
+
+    step.shapes = ["%d x %d" % (batch, t) for t in plan]
+    return step

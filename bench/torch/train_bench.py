@@ -42,7 +42,8 @@ HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # mo
             "gnn_random", "dlrm_sparse", "lstm_varlen", "gpt2_cudagraphs",
             "graph_serve", "prefetch_train", "gan", "offload_train",
             "empty_cache_varlen", "beam_generate", "amp_scaler", "distill",
-            "ddp_train", "fsdp_train", "threads_serve", "compile_serve")
+            "ddp_train", "fsdp_train", "threads_serve", "compile_serve",
+            "rollout_train", "ema_train", "static_generate", "fabric_train")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -154,7 +155,11 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "ddp_train": models_step("ddp_train", varying=False),
          "fsdp_train": models_step("fsdp_train"),
          "threads_serve": models_step("threads_serve"),
-         "compile_serve": models_step("compile_serve")}
+         "compile_serve": models_step("compile_serve"),
+         "rollout_train": models_step("rollout_train"),
+         "ema_train": models_step("ema_train", varying=False),
+         "static_generate": models_step("static_generate"),
+         "fabric_train": models_step("fabric_train")}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {

@@ -32,6 +32,10 @@ struct Op {
   std::uint32_t slot = 0;    // which live block
   bool malloc = false;
   std::uint32_t event = 0;   // index into the trace's events, for messages
+  // malloc only: the earlier malloc op the trace put at this address with this size, when its
+  // last block there had this size (ReplayResult::same_place_recorded); kNoOp otherwise.
+  std::uint32_t same_place_as = kNoOp;
+  static constexpr std::uint32_t kNoOp = ~std::uint32_t{0};
 };
 
 struct Program {
@@ -51,6 +55,11 @@ Program compile(const Trace& trace) {
     std::size_t line;
   };
   std::unordered_map<std::uint64_t, Live> live;  // trace address -> block
+  struct LastThere {
+    std::uint64_t size;
+    std::uint32_t op;
+  };
+  std::unordered_map<std::uint64_t, LastThere> last_there;  // trace address -> its last malloc
   std::vector<std::uint32_t> free_slots;
   std::uint64_t allocated = 0, reserved = 0;
   std::int64_t last_op_time_us = 0;
@@ -79,7 +88,14 @@ Program compile(const Trace& trace) {
           throw BadInputError(trace.path, e.line,
                               "alloc at " + hex(e.addr) + ", which is still live (allocated at line " +
                                   std::to_string(it->second.line) + ")");
-        p.ops.push_back(Op{e.size, e.stream, since_last_op(e), slot, true, index});
+        Op op{e.size, e.stream, since_last_op(e), slot, true, index};
+        const auto op_index = static_cast<std::uint32_t>(p.ops.size());
+        auto [there, first] = last_there.try_emplace(e.addr, LastThere{e.size, op_index});
+        if (!first) {
+          if (there->second.size == e.size) op.same_place_as = there->second.op;
+          there->second = LastThere{e.size, op_index};
+        }
+        p.ops.push_back(op);
         ++p.mallocs;
         allocated += round_up(e.size, kAlignment);
         p.peak_allocated = std::max(p.peak_allocated, allocated);
@@ -145,6 +161,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   SimulatedDevice device(device_options);
   Engine engine(device, options.engine);
   std::vector<void*> blocks(program.slots);
+  std::vector<void*> placed(program.ops.size());  // each malloc op's block (same_place_kept)
 
   // Timed stretches end at the half-way mark (to count late device calls) and at checks.
   const std::size_t n =
@@ -227,7 +244,13 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
           if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
           if (op.malloc) {
             if (options.record_steps) step_requests = add_request(step_requests, op.size, op.stream);
-            blocks[op.slot] = engine.malloc(op.size, op.stream);
+            void* const block = engine.malloc(op.size, op.stream);
+            blocks[op.slot] = block;
+            placed[done] = block;
+            if (op.same_place_as != Op::kNoOp) {
+              ++r.same_place_recorded;
+              r.same_place_kept += placed[op.same_place_as] == block;
+            }
           } else {
             engine.free(blocks[op.slot]);
           }

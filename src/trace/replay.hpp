@@ -103,6 +103,14 @@ struct ReplayResult {
   std::size_t late_steps = 0;
   std::size_t steps_marked = 0;  // Engine::mark_step calls (0 with ReplayOptions::mark_steps off)
 
+  // Buffers made anew in their place: allocations that the trace's own allocator put at the
+  // address where it had put the last block of the same size (same_place_recorded), and of those,
+  // how many gmem put where it had put that earlier block (same_place_kept). Programs that
+  // re-create buffers and depend on their addresses (CUDA-graph code records a graph again when
+  // a static input moved) need the two close; docs/engine.md, "Generation on a static cache".
+  std::uint64_t same_place_recorded = 0;
+  std::uint64_t same_place_kept = 0;
+
   std::vector<StepFigures> per_step;  // ReplayOptions::record_steps: one per step end replayed
   std::vector<StepFigures> per_pass;  // ReplayOptions::passes > 1: one per pass replayed
 

@@ -550,6 +550,21 @@ TEST_F(BadTrace, AllocOverALiveBlock) {
   expect_error(path_, 3, "still live (allocated at line 2)");
 }
 
+using SamePlace = WrittenTrace;
+
+TEST_F(SamePlace, CountsBuffersMadeAnewWhereTheTracePutThemAndWhereGmemDid) {
+  // 4 MiB made three times at 0x40000000 by the trace's allocator (twice again in its place), and
+  // once at 0x50000000 (not counted: nothing of that size was there before). gmem keeps the second
+  // in its place, nothing else being free; the third comes after another 4 MiB block took it.
+  write("alloc,1073741824,4194304,0,1,,\nfree_completed,1073741824,4194304,0,2,,\n"
+        "alloc,1073741824,4194304,0,3,,\nfree_completed,1073741824,4194304,0,4,,\n"
+        "alloc,1342177280,4194304,0,5,,\nalloc,1073741824,4194304,0,6,,\n");
+  const ReplayResult r = replay(read_trace(path_));
+  ASSERT_FALSE(r.failed) << r.failure;
+  EXPECT_EQ(r.same_place_recorded, 2u);
+  EXPECT_EQ(r.same_place_kept, 1u);
+}
+
 TEST_F(BadTrace, RecordedReservedFollowsSegments) {
   write("segment_alloc,0,2097152,0,1,,\nalloc,0,1000,0,2,,\nsegment_alloc,4194304,4194304,0,3,,\n"
         "segment_free,0,2097152,0,4,,\nsegment_alloc,0,1048576,0,5,,\n");
