@@ -5,7 +5,7 @@ maps and creates of every step, with the step's wall time.
 
     python3 bench/torch/probe_graph_calls.py {native|gmem} [MODEL] [STEPS]   (default static_generate 10)
 
-Used for docs/engine.md ("Generation on a static cache under CUDA graphs")."""
+Used for docs/engine.md ("a ninth batch": static_generate)."""
 import collections
 import json
 import os

@@ -107,7 +107,7 @@ struct ReplayResult {
   // address where it had put the last block of the same size (same_place_recorded), and of those,
   // how many gmem put where it had put that earlier block (same_place_kept). Programs that
   // re-create buffers and depend on their addresses (CUDA-graph code records a graph again when
-  // a static input moved) need the two close; docs/engine.md, "Generation on a static cache".
+  // a static input moved) need the two close (docs/engine.md, "a ninth batch": static_generate).
   std::uint64_t same_place_recorded = 0;
   std::uint64_t same_place_kept = 0;
 
