@@ -8,22 +8,16 @@ maps and creates of every step, with the step's wall time.
 Used for docs/engine.md ("a ninth batch": static_generate)."""
 import collections
 import json
-import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from profile_steps import enable_allocator
 
 
 def main():
-    allocator = sys.argv[1]
+    allocator = enable_allocator(sys.argv[1])
     name = sys.argv[2] if len(sys.argv) > 2 else "static_generate"
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-    if allocator == "gmem":
-        sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-        import gmem.torch
-
-        gmem.torch.enable()
     import torch
 
     counts = collections.Counter()
@@ -46,7 +40,6 @@ def main():
     counted(torch.cuda.CUDAGraph, "replay", "replay")
     counted(torch.cuda, "empty_cache", "empty_cache")
 
-    sys.path.insert(0, HERE)
     import models
 
     step = getattr(models, name + "_step")(torch, steps)

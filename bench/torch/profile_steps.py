@@ -17,10 +17,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def enable_allocator():
-    """ALLOC from the environment (default gmem); enables gmem.torch for gmem, before torch is
-    imported. Returns the allocator's name."""
-    allocator = os.environ.get("ALLOC", "gmem")
+def enable_allocator(allocator=None):
+    """`allocator` ("gmem" or "native"; by default ALLOC from the environment, else gmem);
+    enables gmem.torch for gmem, before torch is imported. Returns the allocator's name."""
+    allocator = allocator or os.environ.get("ALLOC", "gmem")
     sys.path.insert(0, HERE)
     if allocator == "gmem":
         sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
