@@ -170,12 +170,30 @@ Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
     if (const NodeId node = arenas_[a]->ranges.find(bytes); node != kNoNode)
       return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
   }
+  if (!kept_.empty()) {  // the stream's arenas are full: kept places are worth less than a new one
+    kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); }, true);
+    return place(si, bytes);
+  }
   const std::uint32_t a = add_arena(si, bytes);
   const NodeId node = arenas_[a]->ranges.find(bytes);
   return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
 }
 
-Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::size_t requested) {
+[[gnu::noinline]] Backing::Taken Backing::take_kept(std::uint32_t si, std::size_t bytes,
+                                                    std::size_t requested) {
+  kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); });
+  const std::optional<KeptPlaces::Place> kept =
+      kept_.take(bytes, [&](std::uint32_t arena) { return arenas_[arena]->stream == si; });
+  if (!kept) return take_placed(place(si, bytes), bytes, requested);
+  bool backed = false;
+  try {
+    backed = back_pages(kept->arena, kept->addr, bytes);
+  } catch (...) {
+    release_kept(*kept);
+    throw;
+  }
+  if (backed) return {kept->arena, kept->node, kept->addr, true};
+  release_kept(*kept);  // no memory for its pages: online placement may find some (or throws)
   return take_placed(place(si, bytes), bytes, requested);
 }
 
@@ -270,6 +288,15 @@ void Backing::release_range(std::uint32_t arena, NodeId node) {
   }
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
   ranges.release(node);
+}
+
+void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth) {
+  if (arena == plan_arena_ || stable_pages_) return release_range(arena, node);
+  const RangeNode& n = arenas_[arena]->ranges.node(node);
+  if (planner_.active()) [[unlikely]] planner_.released(n.addr);
+  unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
+  kept_.keep(n.size, birth, {arena, node, n.addr}, clock_);
+  kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); });
 }
 
 // --- pages --------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "engine/chunk_pool.hpp"
 #include "engine/clash_rule.hpp"
 #include "engine/freed_pages.hpp"
+#include "engine/kept_places.hpp"
 #include "engine/map_job.hpp"
 #include "engine/observer.hpp"
 #include "engine/page_runs.hpp"
@@ -106,6 +107,7 @@ class Backing {
     std::uint32_t arena;
     NodeId node;
     DevicePtr addr;
+    bool kept = false;  // a kept place taken back (kept_places.hpp): the block keeps its place too
   };
   // A used range of `bytes` in one of stream `si`'s arenas, backed by mapped pages; throws
   // OutOfMemoryError (for `requested` bytes) or DeviceError with nothing changed. `plannable`:
@@ -116,6 +118,10 @@ class Backing {
     return take_online(si, bytes, requested);
   }
   void release_range(std::uint32_t arena, NodeId node);
+  // release_range for a block whose place a CUDA graph may have captured (kept_places.hpp): its
+  // pages are given back, its range is kept for the next malloc of its size on its stream.
+  // `birth`: the engine's count of range mallocs when it was made.
+  void keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth);
   // The used range [addr, addr + bytes) in the arena that holds it, backed by mapped pages, as
   // take_range's; kNoNode in the result's node when that range is not all free (nothing changed).
   // What Engine::malloc_at puts a block back with.
@@ -188,7 +194,13 @@ class Backing {
     std::size_t offset;  // into the free range
   };
   Placement place(std::uint32_t si, std::size_t bytes);
-  Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested) {
+    if (!kept_.empty()) [[unlikely]] return take_kept(si, bytes, requested);
+    return take_placed(place(si, bytes), bytes, requested);
+  }
+  // take_online while places are kept: the earliest-born kept place of `bytes`, if any.
+  Taken take_kept(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  void release_kept(const KeptPlaces::Place& place) { arenas_[place.arena]->ranges.release(place.node); }
   // Takes `bytes` of free range `at.node` at `at.offset` and backs them (OOM for `requested`).
   Taken take_placed(const Placement& at, std::size_t bytes, std::size_t requested);
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
@@ -317,6 +329,7 @@ class Backing {
   std::uint32_t plan_stream_ = kNoArena;
   std::uint32_t plan_arena_ = kNoArena;
   PlanRegion plan_region_;
+  KeptPlaces kept_;
 };
 
 }  // namespace gmem::detail

@@ -26,7 +26,11 @@ struct Record {
   bool small = false;         // the small pool (<= 1 MiB), as PyTorch counts it
   bool in_slab = false;
   bool shared = false;        // record_stream() added streams
-  BlockTag tag;               // the observer's, while one is attached
+  // Its range's address may be in a CUDA graph (live when a capture began, or made in a place
+  // kept for that reason): when freed, Backing keeps the place for its size (kept_places.hpp).
+  bool keep_place = false;
+  std::uint32_t birth = 0;    // the engine's range mallocs before it: the order they were made in
+  BlockTag tag{};            // the observer's, while one is attached
 };
 
 // record_stream(): the other streams each live block is used on, and the freed blocks whose

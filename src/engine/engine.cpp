@@ -56,7 +56,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
   if (watch_for_capture_) [[unlikely]] capture_begins_if(stream);
   const std::uint32_t si = streams_.index(stream);
   const std::size_t rounded = round_up(size, kAlignment);
-  Record record{rounded, size, stream, 0, 0, false, false, false, {}};
+  Record record{.size = rounded, .requested = size, .stream = stream};
   // A stable engine (a graph's pool) keeps no slabs: malloc_at must be able to put any block
   // back, and a slab's slot cannot be once its slab is gone.
   const DevicePtr ptr = rounded <= detail::kSlabLimit && !backing_.stable()
@@ -91,7 +91,7 @@ void* Engine::Impl::malloc_at(void* p, std::size_t size) {
     throw Error(Errc::invalid_argument, "malloc_at(" + hex(ptr) + ", " + std::to_string(size) +
                                             "): that range is not free in this engine's memory");
   const StreamId stream = streams_.progress.stream(backing_.arena(range.arena).stream);
-  Record record{rounded, size, stream, 0, 0, false, false, false, {}};
+  Record record{.size = rounded, .requested = size, .stream = stream};
   return hand_out(note_range(range, record), record, context);
 }
 
@@ -129,6 +129,8 @@ DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std:
 DevicePtr Engine::Impl::note_range(const detail::Backing::Taken& range, Record& record) {
   record.arena = range.arena;
   record.id = range.node;
+  record.birth = ++range_births_;
+  record.keep_place = range.kept;
   record.small = record.size <= kSmallLimit;
   accounting_.count_range_taken(record.size, record.small);
   return range.addr;
@@ -157,7 +159,8 @@ void Engine::Impl::free(void* p) {
 void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
   accounting_.count_release(record);
   if (!record.in_slab) {
-    backing_.release_range(record.arena, record.id);
+    if (record.keep_place) [[unlikely]] backing_.keep_range(record.arena, record.id, record.birth);
+    else backing_.release_range(record.arena, record.id);
     return;
   }
   if (!slabs_.free(record.id, ptr)) [[likely]] return;
@@ -274,6 +277,12 @@ void Engine::Impl::set_capturing(bool capturing) {
   std::lock_guard lock(mutex_);
   cross_stream_.hold_events(capturing);
   streams_.progress.set_capturing(capturing);
+  if (capturing && !backing_.stable()) {
+    // The graph may read any block live now: each keeps its place for its size once freed, so
+    // that the program's next buffer of that size is where the graph expects it (kept_places.hpp).
+    // Small blocks share slabs, and keep no places.
+    live_.for_each_mutable([](std::uintptr_t, Record& r) { r.keep_place = !r.in_slab; });
+  }
   if (backing_.stable()) {
     if (capturing) {
       // Before the capture begins (PyTorch calls beginAllocateToPool first), events may still

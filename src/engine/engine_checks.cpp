@@ -105,6 +105,14 @@ std::int64_t Backing::check_invariants() const {
   // Ranges tile each arena exactly; no two free neighbours; recount page references.
   std::int64_t used_large = 0;
   std::vector<std::unordered_map<std::size_t, std::uint32_t>> refs(arenas_.size());
+  // Kept places (kept_places.hpp) are used ranges with no references, in no plan region.
+  std::vector<std::unordered_map<NodeId, std::size_t>> kept(arenas_.size());
+  kept_.for_each([&](std::size_t bytes, const KeptPlaces::Place& place) {
+    if (place.arena >= arenas_.size() || place.arena == plan_arena_) violated("a kept place in no arena");
+    const RangeNode& n = arenas_[place.arena]->ranges.node(place.node);
+    if (n.free || n.addr != place.addr || n.size != bytes) violated("a kept place does not own its range");
+    if (!kept[place.arena].emplace(place.node, bytes).second) violated("a place kept twice");
+  });
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
     const RangeAllocator& ranges = arenas_[a]->ranges;
     DevicePtr expect = ranges.base();
@@ -121,6 +129,7 @@ std::int64_t Backing::check_invariants() const {
         ++free_count;
         continue;
       }
+      if (kept[a].count(id)) continue;
       used_large += static_cast<std::int64_t>(n.size);
       const auto [first, last] = page_span(a, n.addr, n.size);
       for (std::size_t i = first; i <= last; ++i) ++refs[a][i];

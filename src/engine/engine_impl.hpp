@@ -90,6 +90,7 @@ class Engine::Impl final : private detail::BackingClient {
   // A stable engine (a pool) between set_capturing(true) and its first malloc on a capturing
   // stream (capture_begins_if).
   bool watch_for_capture_ = false;
+  std::uint32_t range_births_ = 0;  // range mallocs so far (wraps): Record::birth
 
  private:
   // The fast paths (engine.cpp): take the memory for a block and fill in its record (all but
