@@ -66,6 +66,7 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
 }
 
 void* Engine::Impl::hand_out(DevicePtr ptr, detail::Record& record, std::uint32_t context) {
+  record.birth = ++births_;
   if (observer_) observer_->on_malloc(ptr, record.size, record.stream, context, record.tag);
   live_.insert(ptr, record);
   accounting_.count_malloc(record);
@@ -97,6 +98,9 @@ void* Engine::Impl::malloc_at(void* p, std::size_t size) {
 
 DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
                                     Record& record) {
+  if (!kept_slots_.empty()) [[unlikely]] {
+    if (const DevicePtr ptr = take_kept_slot(rounded, si, record)) return ptr;
+  }
   const int cls = detail::size_class(rounded);
   detail::SlabId slab = detail::kNoSlab;
   DevicePtr ptr = 0;
@@ -129,7 +133,6 @@ DevicePtr Engine::Impl::malloc_range(std::size_t size, std::size_t rounded, std:
 DevicePtr Engine::Impl::note_range(const detail::Backing::Taken& range, Record& record) {
   record.arena = range.arena;
   record.id = range.node;
-  record.birth = ++range_births_;
   record.keep_place = range.kept;
   record.small = record.size <= kSmallLimit;
   accounting_.count_range_taken(record.size, record.small);
@@ -158,16 +161,41 @@ void Engine::Impl::free(void* p) {
 
 void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
   accounting_.count_release(record);
-  if (!record.in_slab) {
-    if (record.keep_place) [[unlikely]] backing_.keep_range(record.arena, record.id, record.birth);
-    else backing_.release_range(record.arena, record.id);
-    return;
-  }
-  if (!slabs_.free(record.id, ptr)) [[likely]] return;
-  if (slabs_.emptied(record.id, spare_budget())) release_slab(record.id);
+  if (record.keep_place) [[unlikely]] return keep_place(ptr, record);
+  if (!record.in_slab) return backing_.release_range(record.arena, record.id);
+  free_slot(record.id, ptr);
+}
+
+void Engine::Impl::free_slot(detail::SlabId id, DevicePtr ptr) {
+  if (!slabs_.free(id, ptr)) [[likely]] return;
+  if (slabs_.emptied(id, spare_budget())) release_slab(id);
   std::vector<detail::SlabId>& evicted = slabs_.evicted();
-  for (detail::SlabId id : evicted) release_slab(id);
+  for (detail::SlabId old : evicted) release_slab(old);
   evicted.clear();
+}
+
+// --- places kept for CUDA graphs (kept_places.hpp) ------------------------------------------------
+
+void Engine::Impl::keep_place(DevicePtr ptr, const Record& record) {
+  if (!record.in_slab) return backing_.keep_range(record.arena, record.id, record.birth);
+  // A small block's slot stays taken in its slab (which cannot empty meanwhile).
+  kept_slots_.keep(record.size, record.birth, {record.arena, record.id, ptr}, births_);
+  expire_kept_slots();
+}
+
+void Engine::Impl::expire_kept_slots() {
+  kept_slots_.expire(births_, [this](const detail::KeptPlaces::Place& p) { free_slot(p.node, p.addr); });
+}
+
+DevicePtr Engine::Impl::take_kept_slot(std::size_t rounded, std::uint32_t si, Record& record) {
+  expire_kept_slots();
+  const std::optional<detail::KeptPlaces::Place> kept = kept_slots_.take(
+      rounded, [&](std::uint32_t arena) { return backing_.arena(arena).stream == si; });
+  if (!kept) return 0;
+  record.arena = kept->arena;
+  record.id = kept->node;
+  record.small = record.in_slab = record.keep_place = true;
+  return kept->addr;
 }
 
 void Engine::Impl::release_slab(detail::SlabId id) {

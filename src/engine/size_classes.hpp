@@ -36,6 +36,7 @@ inline std::size_t class_size(int cls) {
 // instead (no class rounding, no stranded slots: slack counts against the 2% budget).
 inline constexpr std::size_t kSlabTarget = 256 * 1024;
 inline constexpr std::size_t kSlabLimit = kSlabTarget / 2;  // larger small blocks: exact ranges
+inline constexpr std::size_t kMaxSlots = kSlabTarget / kClassStep;  // the smallest class's
 inline std::uint32_t slab_objects(int cls) {
   return static_cast<std::uint32_t>(kSlabTarget / class_size(cls));
 }

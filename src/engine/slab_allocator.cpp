@@ -22,8 +22,8 @@ SlabId SlabAllocator::add(std::uint32_t arena, int cls, DevicePtr base, NodeId n
   s.capacity = slab_objects(cls);
   s.used = 0;
   s.live = true;
-  s.free_slots.clear();
-  for (std::uint32_t i = s.capacity; i-- > 0;) s.free_slots.push_back(i);  // slot 0 on top
+  s.free_bits = {};
+  for (std::uint32_t i = 0; i < s.capacity; ++i) s.put(i);
   bytes_ += s.bytes();
   list(class_of(arena, cls), id);
   return id;

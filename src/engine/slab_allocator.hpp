@@ -14,6 +14,8 @@
 // memory.
 #pragma once
 
+#include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -39,8 +41,20 @@ struct Slab {
   bool listed = false;
   bool live = false;
   SlabId kept_prev = kNoSlab, kept_next = kNoSlab;  // the kept slabs, oldest first
-  std::vector<std::uint32_t> free_slots;  // a stack; host memory only, never the device's
+  // Free slots as bits (slot k: bit k % 64 of word k / 64); the lowest is taken first, so which
+  // slot a malloc gets depends on which are free, not on the order they were freed in.
+  std::array<std::uint64_t, kMaxSlots / 64> free_bits{};
   std::size_t bytes() const { return object_size * capacity; }
+  std::uint32_t free_count() const { return capacity - used; }
+  std::uint32_t take_lowest() {
+    std::uint32_t w = 0;
+    while (free_bits[w] == 0) ++w;
+    const auto bit = static_cast<std::uint32_t>(std::countr_zero(free_bits[w]));
+    free_bits[w] &= free_bits[w] - 1;
+    return w * 64 + bit;
+  }
+  void put(std::uint32_t slot) { free_bits[slot / 64] |= std::uint64_t{1} << (slot % 64); }
+  bool is_free(std::uint32_t slot) const { return (free_bits[slot / 64] >> (slot % 64)) & 1; }
 };
 
 class SlabAllocator {
@@ -53,8 +67,7 @@ class SlabAllocator {
     if (c.partial == kNoSlab && !reuse_spare(c)) return 0;
     slab = c.partial;
     Slab& s = slabs_[slab];
-    const std::uint32_t slot = s.free_slots.back();
-    s.free_slots.pop_back();
+    const std::uint32_t slot = s.take_lowest();
     if (s.used++ == 0) [[unlikely]] unkeep(c, slab);  // an empty slab in use again
     if (s.used == s.capacity) unlist(c, slab);
     return s.base + slot * s.object_size;
@@ -71,7 +84,7 @@ class SlabAllocator {
   // emptied() (the slow path, out of line).
   bool free(SlabId slab, DevicePtr ptr) {
     Slab& s = slabs_[slab];
-    s.free_slots.push_back(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
+    s.put(static_cast<std::uint32_t>((ptr - s.base) / s.object_size));
     if (s.used-- == s.capacity) list(class_of(s), slab);
     return s.used == 0;
   }
