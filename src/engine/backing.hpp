@@ -120,7 +120,7 @@ class Backing {
   void release_range(std::uint32_t arena, NodeId node);
   // release_range for a block whose place a CUDA graph may have captured (kept_places.hpp): its
   // pages are given back, its range is kept for the next malloc of its size on its stream.
-  // `birth`: the engine's count of range mallocs when it was made.
+  // `birth`: Record::birth, the order the blocks were made in.
   void keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth);
   // The used range [addr, addr + bytes) in the arena that holds it, backed by mapped pages, as
   // take_range's; kNoNode in the result's node when that range is not all free (nothing changed).

@@ -98,9 +98,6 @@ void* Engine::Impl::malloc_at(void* p, std::size_t size) {
 
 DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
                                     Record& record) {
-  if (!kept_slots_.empty()) [[unlikely]] {
-    if (const DevicePtr ptr = take_kept_slot(rounded, si, record)) return ptr;
-  }
   const int cls = detail::size_class(rounded);
   detail::SlabId slab = detail::kNoSlab;
   DevicePtr ptr = 0;
@@ -161,8 +158,11 @@ void Engine::Impl::free(void* p) {
 
 void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
   accounting_.count_release(record);
-  if (record.keep_place) [[unlikely]] return keep_place(ptr, record);
-  if (!record.in_slab) return backing_.release_range(record.arena, record.id);
+  if (!record.in_slab) {
+    if (record.keep_place) [[unlikely]] backing_.keep_range(record.arena, record.id, record.birth);
+    else backing_.release_range(record.arena, record.id);
+    return;
+  }
   free_slot(record.id, ptr);
 }
 
@@ -172,30 +172,6 @@ void Engine::Impl::free_slot(detail::SlabId id, DevicePtr ptr) {
   std::vector<detail::SlabId>& evicted = slabs_.evicted();
   for (detail::SlabId old : evicted) release_slab(old);
   evicted.clear();
-}
-
-// --- places kept for CUDA graphs (kept_places.hpp) ------------------------------------------------
-
-void Engine::Impl::keep_place(DevicePtr ptr, const Record& record) {
-  if (!record.in_slab) return backing_.keep_range(record.arena, record.id, record.birth);
-  // A small block's slot stays taken in its slab (which cannot empty meanwhile).
-  kept_slots_.keep(record.size, record.birth, {record.arena, record.id, ptr}, births_);
-  expire_kept_slots();
-}
-
-void Engine::Impl::expire_kept_slots() {
-  kept_slots_.expire(births_, [this](const detail::KeptPlaces::Place& p) { free_slot(p.node, p.addr); });
-}
-
-DevicePtr Engine::Impl::take_kept_slot(std::size_t rounded, std::uint32_t si, Record& record) {
-  expire_kept_slots();
-  const std::optional<detail::KeptPlaces::Place> kept = kept_slots_.take(
-      rounded, [&](std::uint32_t arena) { return backing_.arena(arena).stream == si; });
-  if (!kept) return 0;
-  record.arena = kept->arena;
-  record.id = kept->node;
-  record.small = record.in_slab = record.keep_place = true;
-  return kept->addr;
 }
 
 void Engine::Impl::release_slab(detail::SlabId id) {
@@ -308,7 +284,9 @@ void Engine::Impl::set_capturing(bool capturing) {
   if (capturing && !backing_.stable()) {
     // The graph may read any block live now: each keeps its place for its size once freed, so
     // that the program's next buffer of that size is where the graph expects it (kept_places.hpp).
-    // Small blocks share slabs, and keep no places.
+    // Small blocks keep none: a class's slots serve every size in it, so a kept slot would go to
+    // whichever small block of its size came first; their slabs hand out the lowest free slot,
+    // and a program that makes the same small blocks in the same order gets the same slots.
     live_.for_each_mutable([](std::uintptr_t, Record& r) { r.keep_place = !r.in_slab; });
   }
   if (backing_.stable()) {

@@ -248,14 +248,6 @@ void Engine::Impl::check_invariants() const {
     else pending_ranges += static_cast<std::int64_t>(r.size);
     if (!r.in_slab && r.small) small_ranges += static_cast<std::int64_t>(r.size);
   });
-  kept_slots_.for_each([&](std::size_t bytes, const detail::KeptPlaces::Place& place) {
-    const detail::Slab& slab = slabs_.slab(place.node);
-    if (!slab.live || place.arena != slab.arena || place.addr < slab.base ||
-        place.addr + bytes > slab.base + slab.bytes() || (place.addr - slab.base) % slab.object_size)
-      violated("a kept slot outside its slab's slots");
-    if (live_.find(place.addr) != nullptr) violated("a kept slot is a live block's");
-    ++slab_users[place.node];
-  });
   std::int64_t live_ranges = 0;
   live_.for_each([&](std::uintptr_t ptr, const detail::Record& r) {
     if (ptr % kAlignment) violated("block not aligned to 512 B");

@@ -21,7 +21,6 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -91,9 +90,7 @@ class Engine::Impl final : private detail::BackingClient {
   // A stable engine (a pool) between set_capturing(true) and its first malloc on a capturing
   // stream (capture_begins_if).
   bool watch_for_capture_ = false;
-  std::uint32_t births_ = 0;  // mallocs so far (wraps): Record::birth, and kept slots' clock
-  // Small blocks' slots kept for CUDA graphs, as Backing keeps ranges (kept_places.hpp).
-  detail::KeptPlaces kept_slots_;
+  std::uint32_t births_ = 0;  // mallocs so far (wraps): Record::birth
 
  private:
   // The fast paths (engine.cpp): take the memory for a block and fill in its record (all but
@@ -109,11 +106,7 @@ class Engine::Impl final : private detail::BackingClient {
   void release_record(DevicePtr ptr, const detail::Record& record);
   void free_slot(detail::SlabId id, DevicePtr ptr);  // gives the slab an emptied slot back
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
-  // Places kept for CUDA graphs: a freed block whose Record::keep_place is set keeps its range
-  // (Backing) or slot; a small malloc takes a kept slot of its size back (0: none).
-  void keep_place(DevicePtr ptr, const detail::Record& record);
-  DevicePtr take_kept_slot(std::size_t rounded, std::uint32_t si, detail::Record& record);
-  void expire_kept_slots();
+
   void process_pending(bool wait);
   void capture_begins_if(StreamId stream);  // a pool's first malloc in a capture (set_capturing)
   void release_spare_slabs();

@@ -41,8 +41,8 @@ class KeptPlaces {
   std::size_t count() const { return count_; }
   std::size_t bytes() const { return bytes_; }
 
-  // Keeps the range of `bytes` of a block born `birth` (the engine's range mallocs so far), freed
-  // at `now` (Backing's clock). Call expire() after.
+  // Keeps the range of `bytes` of a block born `birth` (Record::birth), freed at `now` (Backing's
+  // clock: ranges taken). Call expire() after.
   void keep(std::size_t bytes, std::uint32_t birth, const Place& place, std::uint32_t now) {
     auto& places = by_size_[bytes];
     // Births are unique until the counter wraps; should one come round again, the older goes.

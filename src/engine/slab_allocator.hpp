@@ -1,5 +1,8 @@
 // Small blocks: per arena (stream) and size class, slabs of a few equal slots. The fast path
-// pops a free slot from the first slab of the class with room. A slab that empties is kept,
+// takes the lowest free slot of the first slab of the class with room: which slot a block gets
+// then depends on which are free, not on the order they were freed in, so a program that makes
+// the same small blocks in the same order gets the same slots (a CUDA graph that reads one finds
+// it where it was captured: kept_places.hpp). A slab that empties is kept,
 // empty, for the class to fill again, up to budgets the engine sets (shares of its peak
 // memory): a slab given back to the large allocator and carved again elsewhere moves the free
 // ranges that large blocks are placed in, and with them the layout of every later step (a loop
