@@ -295,7 +295,8 @@ void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth) 
   const RangeNode& n = arenas_[arena]->ranges.node(node);
   if (planner_.active()) [[unlikely]] planner_.released(n.addr);
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
-  kept_.keep(n.size, birth, {arena, node, n.addr}, clock_);
+  if (const std::optional<KeptPlaces::Place> older = kept_.keep(n.size, birth, {arena, node, n.addr}, clock_))
+    release_kept(*older);
   kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); });
 }
 

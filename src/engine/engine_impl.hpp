@@ -106,7 +106,6 @@ class Engine::Impl final : private detail::BackingClient {
   void release_record(DevicePtr ptr, const detail::Record& record);
   void free_slot(detail::SlabId id, DevicePtr ptr);  // gives the slab an emptied slot back
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
-
   void process_pending(bool wait);
   void capture_begins_if(StreamId stream);  // a pool's first malloc in a capture (set_capturing)
   void release_spare_slabs();

@@ -42,13 +42,21 @@ class KeptPlaces {
   std::size_t bytes() const { return bytes_; }
 
   // Keeps the range of `bytes` of a block born `birth` (Record::birth), freed at `now` (Backing's
-  // clock: ranges taken). Call expire() after.
-  void keep(std::size_t bytes, std::uint32_t birth, const Place& place, std::uint32_t now) {
+  // clock: ranges taken). Call expire() after. Births are unique until the counter wraps; should
+  // one come round again while kept, the older place is returned, for the caller to give back.
+  std::optional<Place> keep(std::size_t bytes, std::uint32_t birth, const Place& place,
+                            std::uint32_t now) {
     auto& places = by_size_[bytes];
-    // Births are unique until the counter wraps; should one come round again, the older goes.
-    if (!places.emplace(birth, Kept{place, now}).second) places[birth] = Kept{place, now};
-    else ++count_, bytes_ += bytes;
     order_.push_back({bytes, birth, place.node, now});
+    const auto [it, added] = places.emplace(birth, Kept{place, now});
+    if (added) {
+      ++count_;
+      bytes_ += bytes;
+      return std::nullopt;
+    }
+    const Place older = it->second.place;
+    it->second = Kept{place, now};
+    return older;
   }
 
   // The place of `bytes` born first among those in an arena `usable(arena)` accepts, no longer

@@ -175,7 +175,7 @@ TEST(KeptPlaces, TakesTheEarliestBornAndExpiresTheOldest) {
   using detail::KeptPlaces;
   KeptPlaces kept;
   auto place = [](std::uint32_t node) { return KeptPlaces::Place{0, node, DevicePtr{node} << 20}; };
-  kept.keep(MiB, /*birth=*/7, place(3), /*now=*/10);
+  EXPECT_FALSE(kept.keep(MiB, /*birth=*/7, place(3), /*now=*/10).has_value());
   kept.keep(MiB, 5, place(2), 11);
   kept.keep(2 * MiB, 6, place(4), 12);
   EXPECT_EQ(kept.count(), 3u);
@@ -196,7 +196,14 @@ TEST(KeptPlaces, TakesTheEarliestBornAndExpiresTheOldest) {
   EXPECT_TRUE(kept.empty());
   EXPECT_EQ(kept.bytes(), 0u);
 
-  for (std::uint32_t i = 0; i < KeptPlaces::kMaxPlaces + 2; ++i) kept.keep(MiB, i, place(i), 100);
+  // A birth kept again (the counter wrapped) hands the older place back.
+  EXPECT_FALSE(kept.keep(MiB, 9, place(5), 50).has_value());
+  EXPECT_EQ(kept.keep(MiB, 9, place(6), 51)->node, 5u);
+  EXPECT_EQ(kept.count(), 1u);
+  kept.expire(51 + KeptPlaces::kLifetime, release);
+  EXPECT_TRUE(kept.empty());
+
+  for (std::uint32_t i = 0; i < KeptPlaces::kMaxPlaces + 2; ++i) (void)kept.keep(MiB, i, place(i), 100);
   released.clear();
   kept.expire(100, release);
   EXPECT_EQ(released, (std::vector<std::uint32_t>{0, 1}));
