@@ -171,7 +171,7 @@ Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
       return {a, node, offset_in(arenas_[a]->ranges.node(node), bytes)};
   }
   if (!kept_.empty()) {  // the stream's arenas are full: kept places are worth less than a new one
-    kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); }, true);
+    expire_kept(true);
     return place(si, bytes);
   }
   const std::uint32_t a = add_arena(si, bytes);
@@ -181,7 +181,7 @@ Backing::Placement Backing::place(std::uint32_t si, std::size_t bytes) {
 
 [[gnu::noinline]] Backing::Taken Backing::take_kept(std::uint32_t si, std::size_t bytes,
                                                     std::size_t requested) {
-  kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); });
+  expire_kept();
   const std::optional<KeptPlaces::Place> kept =
       kept_.take(bytes, [&](std::uint32_t arena) { return arenas_[arena]->stream == si; });
   if (!kept) return take_placed(place(si, bytes), bytes, requested);
@@ -297,7 +297,7 @@ void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth) 
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
   if (const std::optional<KeptPlaces::Place> older = kept_.keep(n.size, birth, {arena, node, n.addr}, clock_))
     release_kept(*older);
-  kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); });
+  expire_kept();
 }
 
 // --- pages --------------------------------------------------------------------------------------

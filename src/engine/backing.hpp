@@ -201,6 +201,10 @@ class Backing {
   // take_online while places are kept: the earliest-born kept place of `bytes`, if any.
   Taken take_kept(std::uint32_t si, std::size_t bytes, std::size_t requested);
   void release_kept(const KeptPlaces::Place& place) { arenas_[place.arena]->ranges.release(place.node); }
+  // Gives back the kept places that expired by now (KeptPlaces::expire), or all of them.
+  void expire_kept(bool all = false) {
+    kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); }, all);
+  }
   // Takes `bytes` of free range `at.node` at `at.offset` and backs them (OOM for `requested`).
   Taken take_placed(const Placement& at, std::size_t bytes, std::size_t requested);
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);

@@ -29,7 +29,7 @@ struct Record {
   // Its range's address may be in a CUDA graph (live when a capture began, or made in a place
   // kept for that reason): when freed, Backing keeps the place for its size (kept_places.hpp).
   bool keep_place = false;
-  std::uint32_t birth = 0;    // the engine's mallocs up to it (wraps): the order blocks were made in
+  std::uint32_t birth = 0;    // range blocks made up to it (wraps): the order they were made in
   BlockTag tag{};            // the observer's, while one is attached
 };
 

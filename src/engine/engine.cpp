@@ -66,7 +66,6 @@ void* Engine::Impl::malloc(std::size_t size, StreamId stream) {
 }
 
 void* Engine::Impl::hand_out(DevicePtr ptr, detail::Record& record, std::uint32_t context) {
-  record.birth = ++births_;
   if (observer_) observer_->on_malloc(ptr, record.size, record.stream, context, record.tag);
   live_.insert(ptr, record);
   accounting_.count_malloc(record);
@@ -131,6 +130,7 @@ DevicePtr Engine::Impl::note_range(const detail::Backing::Taken& range, Record& 
   record.arena = range.arena;
   record.id = range.node;
   record.keep_place = range.kept;
+  record.birth = ++range_births_;
   record.small = record.size <= kSmallLimit;
   accounting_.count_range_taken(record.size, record.small);
   return range.addr;
@@ -163,14 +163,10 @@ void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
     else backing_.release_range(record.arena, record.id);
     return;
   }
-  free_slot(record.id, ptr);
-}
-
-void Engine::Impl::free_slot(detail::SlabId id, DevicePtr ptr) {
-  if (!slabs_.free(id, ptr)) [[likely]] return;
-  if (slabs_.emptied(id, spare_budget())) release_slab(id);
+  if (!slabs_.free(record.id, ptr)) [[likely]] return;
+  if (slabs_.emptied(record.id, spare_budget())) release_slab(record.id);
   std::vector<detail::SlabId>& evicted = slabs_.evicted();
-  for (detail::SlabId old : evicted) release_slab(old);
+  for (detail::SlabId id : evicted) release_slab(id);
   evicted.clear();
 }
 

@@ -90,7 +90,7 @@ class Engine::Impl final : private detail::BackingClient {
   // A stable engine (a pool) between set_capturing(true) and its first malloc on a capturing
   // stream (capture_begins_if).
   bool watch_for_capture_ = false;
-  std::uint32_t births_ = 0;  // mallocs so far (wraps): Record::birth
+  std::uint32_t range_births_ = 0;  // range blocks made so far (wraps): Record::birth
 
  private:
   // The fast paths (engine.cpp): take the memory for a block and fill in its record (all but
@@ -104,7 +104,6 @@ class Engine::Impl final : private detail::BackingClient {
   // A block taken (malloc, malloc_at): observed, listed live, counted.
   void* hand_out(DevicePtr ptr, detail::Record& record, std::uint32_t context);
   void release_record(DevicePtr ptr, const detail::Record& record);
-  void free_slot(detail::SlabId id, DevicePtr ptr);  // gives the slab an emptied slot back
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
   void process_pending(bool wait);
   void capture_begins_if(StreamId stream);  // a pool's first malloc in a capture (set_capturing)
