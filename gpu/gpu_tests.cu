@@ -585,5 +585,46 @@ TEST_F(GpuTest, SegmentFallbackServesRealMemory) {
   EXPECT_LE(segments.committed_bytes(), 256 * kMiB);
 }
 
+// A CUDA graph's pool served by the fallback: its first malloc inside the capture (global mode, as
+// torch.cuda.graph captures) reserves its arena with cuMemAlloc, which the driver refuses in global
+// mode (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the capture) unless made in relaxed
+// mode, as PyTorch makes its cudaMalloc.
+TEST_F(GpuTest, SegmentFallbackPoolReservesInsideACapture) {
+  CudaSegmentDevice segments(0);
+  EngineOptions options;
+  options.address_space = CudaSegmentDevice::kArenaSize;
+  options.stable_pages = true;
+  Engine pool(segments, options);
+  cudaStream_t captured = nullptr;
+  GPU_CHECK(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking));
+  pool.set_capturing(true);
+  GPU_CHECK(cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal));
+  void* block = nullptr;
+  std::string failure;
+  try {
+    block = pool.malloc(6 * kMiB, id(captured));
+    fill(block, 6 * kMiB, 61, captured);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(captured, &graph);
+  pool.set_capturing(false);
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(ended, cudaSuccess) << cudaGetErrorName(ended);
+  if (ended == cudaSuccess && block != nullptr) {
+    cudaGraphExec_t exec = nullptr;
+    GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    GPU_CHECK(cudaGraphLaunch(exec, captured));
+    GPU_CHECK(cudaStreamSynchronize(captured));
+    EXPECT_EQ(mismatches(block, 6 * kMiB, 61), 0u) << "the replay did not write the block";
+    GPU_CHECK(cudaGraphExecDestroy(exec));
+    GPU_CHECK(cudaGraphDestroy(graph));
+  }
+  cudaGetLastError();
+  if (block != nullptr) pool.free(block);
+  GPU_CHECK(cudaStreamDestroy(captured));
+}
+
 }  // namespace
 }  // namespace gmem

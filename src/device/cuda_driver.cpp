@@ -143,23 +143,8 @@ void destroy_event(CUcontext context, CUevent event) {
   check(driver().cuEventDestroy(event), "cuEventDestroy");
 }
 
-namespace {
-// The thread's event calls in relaxed capture mode, as PyTorch makes its cudaMalloc
-// (CUDAStreamCaptureModeGuard): while another thread captures a graph in global mode, an event
-// query or wait from this thread would otherwise invalidate that capture, though it concerns a
-// stream not captured (H100, driver 580: gpu/unmap_in_capture.cu). Events on a capturing stream
-// are never made (Device::stream_capturing).
-class RelaxedCapture {
- public:
-  RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-};
-}  // namespace
+RelaxedCapture::RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }
+RelaxedCapture::~RelaxedCapture() { driver().cuThreadExchangeStreamCaptureMode(&mode_); }
 
 void record_event(CUcontext context, CUevent event, CUstream stream) {
   ContextGuard guard(context);

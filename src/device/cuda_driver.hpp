@@ -47,6 +47,23 @@ class ContextGuard {
   bool switched_ = false;
 };
 
+// The thread in relaxed stream-capture mode for the scope, as PyTorch makes its cudaMalloc
+// (CUDAStreamCaptureModeGuard). While a graph is captured in global mode (on this thread or
+// another), an event query or wait, or a cuMemAlloc, would otherwise be refused
+// (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidate the capture, though it concerns no
+// captured stream (H100, driver 580: gpu/unmap_in_capture.cu). Events on a capturing stream are
+// never made (Device::stream_capturing).
+class RelaxedCapture {
+ public:
+  RelaxedCapture();
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
 // The device of the context current on this thread, or 0 when none is current.
 int current_device();
 int device_count();

@@ -53,6 +53,9 @@ std::size_t CudaSegmentDevice::committed_bytes() const {
 DevicePtr CudaSegmentDevice::reserve_address(std::size_t size, std::size_t alignment) {
   if (size == 0 || size % kGranularity != 0) misuse("cuMemAlloc", "size not a multiple of 2 MiB");
   cuda::ContextGuard guard(as_context(context_));
+  // A pool's first malloc in a CUDA graph capture reserves its arena here (PyTorch's allocator
+  // makes its cudaMalloc in relaxed mode for the same reason).
+  cuda::RelaxedCapture relaxed;
   CUdeviceptr allocation = 0;
   cuda::check(cuda::driver().cuMemAlloc(&allocation, size), "cuMemAlloc");
   DevicePtr base = static_cast<DevicePtr>(allocation);
@@ -85,6 +88,7 @@ void CudaSegmentDevice::release_address(DevicePtr base, std::size_t size) {
     committed_ -= size;
   }
   cuda::ContextGuard guard(as_context(context_));
+  cuda::RelaxedCapture relaxed;
   cuda::check(cuda::driver().cuMemFree(static_cast<CUdeviceptr>(allocation)), "cuMemFree");
 }
 
