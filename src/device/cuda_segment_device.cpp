@@ -88,7 +88,6 @@ void CudaSegmentDevice::release_address(DevicePtr base, std::size_t size) {
     committed_ -= size;
   }
   cuda::ContextGuard guard(as_context(context_));
-  cuda::RelaxedCapture relaxed;
   cuda::check(cuda::driver().cuMemFree(static_cast<CUdeviceptr>(allocation)), "cuMemFree");
 }
 
