@@ -23,11 +23,13 @@ this invocation's --all runs, else measured first), through
 torch.cuda.set_per_process_memory_fraction(cap / total) for native and expandable and
 gmem.set_memory_limit(cap) for gmem. An out-of-memory error is a result, not a failure: the run's
 line says "oom": true and the step it happened at (counted from 0, warm-up included; null when
-building the model failed).
+building the model failed). A last step whose output (the loss, or what a serving step returns)
+is NaN or infinite fails the run: its line says "error", and --all exits 1.
 """
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -250,6 +252,10 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None, empty_cache=False):
                   step_reserved_mib=step_reserved)
     if record["peak_allocated"]:
         record["reserved_ratio"] = round(record["peak_reserved"] / record["peak_allocated"], 4)
+    if record["loss"] is not None and not math.isfinite(record["loss"]) and "oom" not in record:
+        # The program computed garbage, so its times and memory are no result: graph_serve's
+        # graphs read the weights of a model it had dropped, and its NaN went unseen for weeks.
+        record["error"] = "non-finite output (%s): the program is broken" % record["loss"]
     if uses_gmem:
         import gmem
 
