@@ -1047,11 +1047,10 @@ def graph_serve_step(torch, steps, seed=0, buckets=(32, 16, 8, 4, 2, 1), length=
                      layers=8):
     """Serving through CUDA graphs captured by hand, as inference engines do: a Transformer
     encoder (8 layers, 1024 wide, bf16) captured once per batch bucket (32, 16, ..., 1 x 256
-    tokens), the largest first, every graph in one pool (torch.cuda.graph_pool_handle()), each
-    warmed up on a side stream before its capture as the CUDA-graphs docs ask. Each step serves 8
-    requests of a random batch (1..32): the input is copied into the smallest bucket that holds
-    it, its graph replayed, the rows wanted cloned out; under torch.inference_mode. Graphs are
-    captured at start (before step 0), as a server does; they read the weights: step keeps model."""
+    tokens), largest first, into one pool (torch.cuda.graph_pool_handle()), each warmed up on a
+    side stream first as the CUDA-graphs docs ask, all before step 0 as a server does. A step
+    serves 8 requests of a random batch (1..32): the input copied into the smallest bucket that
+    holds it, its graph replayed, the rows wanted cloned out, under torch.inference_mode."""
     nn = torch.nn
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -1074,6 +1073,7 @@ def graph_serve_step(torch, steps, seed=0, buckets=(32, 16, 8, 4, 2, 1), length=
                 static_out = model(static_in)
             graphs[bucket] = (graph, static_in, static_out)
     plan = [[rng.randint(1, buckets[0]) for _ in range(8)] for _ in range(steps)]
+
     def step(i):
         total = 0.0
         with torch.inference_mode():
@@ -1088,7 +1088,7 @@ def graph_serve_step(torch, steps, seed=0, buckets=(32, 16, 8, 4, 2, 1), length=
         return total
 
     step.shapes = ["requests of batch " + ",".join(map(str, p)) for p in plan]
-    step.model = model  # freed with graph_serve_step's frame, the replays would read freed weights
+    step.model = model  # the graphs read its weights: dropped with this frame, they read freed memory
     return step
 
 
