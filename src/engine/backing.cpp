@@ -279,22 +279,24 @@ Backing::Taken Backing::take_placed(const Placement& place_at, std::size_t bytes
   return taken;
 }
 
-void Backing::release_range(std::uint32_t arena, NodeId node) {
-  RangeAllocator& ranges = arenas_[arena]->ranges;
-  const RangeNode& n = ranges.node(node);
+void Backing::unref_range(std::uint32_t arena, const RangeNode& n) {
   if (planner_.active()) [[unlikely]] {
     planner_.released(n.addr);
     if (arena == plan_arena_) plan_region_.remove(n.addr);
   }
   unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
+}
+
+void Backing::release_range(std::uint32_t arena, NodeId node) {
+  RangeAllocator& ranges = arenas_[arena]->ranges;
+  unref_range(arena, ranges.node(node));
   ranges.release(node);
 }
 
 void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth) {
   if (arena == plan_arena_ || stable_pages_) return release_range(arena, node);
   const RangeNode& n = arenas_[arena]->ranges.node(node);
-  if (planner_.active()) [[unlikely]] planner_.released(n.addr);
-  unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
+  unref_range(arena, n);
   if (const std::optional<KeptPlaces::Place> older = kept_.keep(n.size, birth, {arena, node, n.addr}, clock_))
     release_kept(*older);
   expire_kept();

@@ -201,6 +201,9 @@ class Backing {
   // take_online while places are kept: the earliest-born kept place of `bytes`, if any.
   Taken take_kept(std::uint32_t si, std::size_t bytes, std::size_t requested);
   void release_kept(const KeptPlaces::Place& place) { arenas_[place.arena]->ranges.release(place.node); }
+  // A used range's pages go back (stamped on its stream; the planner told), the range stays
+  // used: release_range and keep_range, which then free or keep it.
+  void unref_range(std::uint32_t arena, const RangeNode& n);
   // Gives back the kept places that expired by now (KeptPlaces::expire), or all of them.
   void expire_kept(bool all = false) {
     kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); }, all);

@@ -48,7 +48,6 @@ struct Slab {
   // slot a malloc gets depends on which are free, not on the order they were freed in.
   std::array<std::uint64_t, kMaxSlots / 64> free_bits{};
   std::size_t bytes() const { return object_size * capacity; }
-  std::uint32_t free_count() const { return capacity - used; }
   std::uint32_t take_lowest() {
     std::uint32_t w = 0;
     while (free_bits[w] == 0) ++w;
@@ -57,7 +56,6 @@ struct Slab {
     return w * 64 + bit;
   }
   void put(std::uint32_t slot) { free_bits[slot / 64] |= std::uint64_t{1} << (slot % 64); }
-  bool is_free(std::uint32_t slot) const { return (free_bits[slot / 64] >> (slot % 64)) & 1; }
 };
 
 class SlabAllocator {
