@@ -19,7 +19,7 @@ marks() {
     deeplab_varsize) echo capture2.py:31 ;;
     llama_rounds) echo models.py:168 ;;
     moe|t5_varlen|bert_varlen|gpt2_compiled|lora_llama|gpt2_dynamic|unet|convnext_multiscale|vit) echo models.py:39 ;;
-    gnn_random|lstm_varlen|gpt2_cudagraphs) echo models.py:39 ;;
+    gnn_random|lstm_varlen|gpt2_cudagraphs|cudagraphs_varlen) echo models.py:39 ;;
     dlrm_sparse) echo models.py:971 ;;  # dense.step(), the second of its two optimizer steps
     gpt2_accum) echo models.py:424 ;;
     empty_cache_varlen) echo models.py:39 ;;

@@ -90,6 +90,9 @@ PROGRAMS = {
     "ema_train": ("ema_train_step", 16),
     "static_generate": ("static_generate_step", 10),
     "fabric_train": ("fabric_train_step", 16),
+    # held-out, tenth batch: speculative decoding, CUDA graphs over bucketed lengths
+    "spec_generate": ("spec_generate_step", 4),  # 10 steps overran the 2,000,000-event history
+    "cudagraphs_varlen": ("cudagraphs_varlen_step", 16),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -1632,3 +1632,64 @@ def fabric_train_step(torch, steps, seed=0, batch=8, lengths=(256, 512, 1024), l
 
     step.shapes = ["%d x %d" % (batch, t) for t in plan]
     return step
+
+
+# --- held-out, tenth batch (2026-11-25): speculative decoding, CUDA graphs over bucketed lengths -
+
+
+def spec_generate_step(torch, steps, seed=0, requests=2):
+    """Speculative decoding as transformers runs it (assisted generation): a GPT-2 124M target and
+    a 2-layer GPT-2 draft (random init, bf16) under torch.inference_mode, batch 1, prompts of
+    32..256 tokens and 32..96 new ones drawn per request. The draft proposes tokens, the target
+    checks them in one forward, and both KV caches are cut back to the tokens accepted."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    target = GPT2LMHeadModel(config).cuda().eval().to(torch.bfloat16)
+    draft = GPT2LMHeadModel(GPT2Config(n_layer=2)).cuda().eval().to(torch.bfloat16)
+    pad = config.eos_token_id
+    plan = [[(rng.randint(32, 256), rng.randint(32, 96)) for _ in range(requests)]
+            for _ in range(steps)]
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for prompt, new in plan[i]:
+                ids = torch.randint(0, config.vocab_size - 1, (1, prompt), device="cuda")
+                out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      assistant_model=draft, max_new_tokens=new,
+                                      min_new_tokens=new, do_sample=False, pad_token_id=pad)
+                tokens += out.shape[1] - prompt
+        return float(tokens)
+
+    step.shapes = [" ".join("1x%d+%d" % r for r in requests) for requests in plan]
+    return step
+
+
+def cudagraphs_varlen_step(torch, steps, seed=0, batch=8, lengths=(256, 512, 1024)):
+    """gpt2_cudagraphs on batches bucketed by length (256, 512 or 1,024 tokens, drawn per step):
+    transformers GPT-2 124M trained under torch.compile(mode="reduce-overhead"), each bucket's
+    forward and backward recorded as CUDA graphs of their own in cudagraph trees' one pool, bf16
+    autocast, AdamW, cudagraph_mark_step_begin() before each step."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).cuda().train()
+    loss_of = torch.compile(lambda ids: model(input_ids=ids, labels=ids).loss,
+                            mode="reduce-overhead", dynamic=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    plan = [rng.choice(lengths) for _ in range(steps)]
+
+    def step(i):
+        torch.compiler.cudagraph_mark_step_begin()
+        ids = torch.randint(0, config.vocab_size, (batch, plan[i]), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(ids)
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, t) for t in plan]
+    return step

@@ -45,7 +45,8 @@ HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # mo
             "graph_serve", "prefetch_train", "gan", "offload_train",
             "empty_cache_varlen", "beam_generate", "amp_scaler", "distill",
             "ddp_train", "fsdp_train", "threads_serve", "compile_serve",
-            "rollout_train", "ema_train", "static_generate", "fabric_train")
+            "rollout_train", "ema_train", "static_generate", "fabric_train",
+            "spec_generate", "cudagraphs_varlen")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -161,7 +162,9 @@ STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "rollout_train": models_step("rollout_train"),
          "ema_train": models_step("ema_train", varying=False),
          "static_generate": models_step("static_generate"),
-         "fabric_train": models_step("fabric_train")}
+         "fabric_train": models_step("fabric_train"),
+         "spec_generate": models_step("spec_generate"),
+         "cudagraphs_varlen": models_step("cudagraphs_varlen")}
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {
