@@ -9,7 +9,10 @@ Stages, each until the first out-of-memory error: 1 GiB tensors, then 32 MiB, th
 (at most 4,096 of them) 512 KiB. Then every tensor is freed, and a program that caught the error
 (a batch-size search, say) goes on: the loop again; a kernel not run before (loading it takes
 device memory from the driver, outside any allocator); the same after torch.cuda.empty_cache();
-one tensor of 90% of what it held, written and read back.
+one tensor of 90% of what it held, written and read back. Exits 1 when an allocator's fill ends
+in anything but torch.OutOfMemoryError, or the loop or the 90% tensor fails after it; the new
+kernels are reported, not judged (on the H100 they fail under every allocator: docs/engine.md,
+"The device filled to its own limit").
 """
 
 import argparse
@@ -126,8 +129,7 @@ def main():
             result = json.loads(lines[-1])
             result["allocator"] = allocator
             failed |= result["error_type"] != "torch.OutOfMemoryError" or not all(
-                result[k] is True for k in ("loop_again", "new_kernel_after_empty_cache",
-                                            "ninety_percent_again"))
+                result[k] is True for k in ("loop_again", "ninety_percent_again"))
         emit(result, args.out)
     sys.exit(1 if failed else 0)
 
