@@ -130,41 +130,16 @@ def models_step(name, varying=True):
     return make
 
 
+# Held-out programs whose every step has the same shapes: their median step compares allocators.
+FIXED_SHAPES = {"vit", "gpt2_accum", "unet", "moe", "gpt2_compiled", "gpt2_cudagraphs",
+                "prefetch_train", "gan", "offload_train", "amp_scaler", "distill", "ddp_train",
+                "ema_train"}
 STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "gpt2_train_eval": models_step("gpt2_train_eval"),
          "resnet50_train_eval": models_step("resnet50_train_eval"),
-         "vit": models_step("vit", varying=False), "gpt2_accum": models_step("gpt2_accum", varying=False),
-         "bert_varlen": bert_varlen_step, "t5_varlen": models_step("t5_varlen"),
-         "bert_serve": models_step("bert_serve"), "llama_generate": models_step("llama_generate"),
-         "unet": models_step("unet", varying=False),
-         "convnext_multiscale": models_step("convnext_multiscale"),
-         "moe": models_step("moe", varying=False),
-         "gpt2_compiled": models_step("gpt2_compiled", varying=False),
-         "llama_serve_1b": models_step("llama_serve_1b"),
-         "bert_large_serve": models_step("bert_large_serve"),
-         "lora_llama": models_step("lora_llama"), "gpt2_dynamic": models_step("gpt2_dynamic"),
-         "diffusion_sample": models_step("diffusion_sample"),
-         "gnn_random": models_step("gnn_random"), "dlrm_sparse": models_step("dlrm_sparse"),
-         "lstm_varlen": models_step("lstm_varlen"),
-         "gpt2_cudagraphs": models_step("gpt2_cudagraphs", varying=False),
-         "graph_serve": models_step("graph_serve"),
-         "prefetch_train": models_step("prefetch_train", varying=False),
-         "gan": models_step("gan", varying=False),
-         "offload_train": models_step("offload_train", varying=False),
-         "empty_cache_varlen": models_step("empty_cache_varlen"),
-         "beam_generate": models_step("beam_generate"),
-         "amp_scaler": models_step("amp_scaler", varying=False),
-         "distill": models_step("distill", varying=False),
-         "ddp_train": models_step("ddp_train", varying=False),
-         "fsdp_train": models_step("fsdp_train"),
-         "threads_serve": models_step("threads_serve"),
-         "compile_serve": models_step("compile_serve"),
-         "rollout_train": models_step("rollout_train"),
-         "ema_train": models_step("ema_train", varying=False),
-         "static_generate": models_step("static_generate"),
-         "fabric_train": models_step("fabric_train"),
-         "spec_generate": models_step("spec_generate"),
-         "cudagraphs_varlen": models_step("cudagraphs_varlen")}
+         "bert_varlen": bert_varlen_step}
+STEPS.update({name: models_step(name, varying=name not in FIXED_SHAPES)
+              for name in HELD_OUT if name not in STEPS})
 
 # gmem's counters recorded for each step (the increase over it), under the record's keys.
 PER_STEP_STATS = {
