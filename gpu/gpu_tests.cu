@@ -102,6 +102,7 @@ class CheckingDevice final : public Device {
   }
   bool query_event(EventHandle event) override { return inner_.query_event(event); }
   void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
+  void wait_event(StreamId stream, EventHandle event) override { inner_.wait_event(stream, event); }
   bool stream_capturing(StreamId stream) override { return inner_.stream_capturing(stream); }
   double host_time() const override { return inner_.host_time(); }
   CallTimes call_times() const override { return inner_.call_times(); }

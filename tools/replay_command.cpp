@@ -42,9 +42,10 @@ const char kReplayUsage[] =
     "\n"
     "The simulated GPU runs behind the host, as a real one does: the host clock follows the\n"
     "trace's timestamps, and an event recorded on a stream completes --lag microseconds later.\n"
-    "Memory freed on a stream moves to another stream, or is unmapped (cuMemUnmap is not\n"
-    "stream-ordered), only once that stream has caught up; when gmem must wait, the host waits\n"
-    "and the rest of the trace happens that much later.\n"
+    "Memory freed on a stream is unmapped (cuMemUnmap is not stream-ordered) only once that\n"
+    "stream has caught up, and moves to another stream once it has or once the other stream\n"
+    "is made to wait for it on the GPU (cuStreamWaitEvent: a stream handover, no host wait);\n"
+    "when gmem must wait, the host waits and the rest of the trace happens that much later.\n"
     "\n"
     "device ms/step: modelled host time in device calls (priced as measured on an H100, per\n"
     "2 MiB: cuMemCreate 15 us, cuMemMap 2, cuMemSetAccess 38, cuMemUnmap 22, cuMemRelease 16;\n"
@@ -209,6 +210,7 @@ std::string json_line(const trace::ReplayResult& r, const std::string& path, std
       .field("late_device_call_us", r.late_device_call_us)
       .field("late_host_wait_us", r.late_host_wait_us)
       .field("host_clock_us", r.host_clock_us)
+      .field("stream_handovers", r.stream_handovers)
       .field("steps", r.steps)
       .field("late_steps", r.late_steps)
       .field("steps_marked", r.steps_marked);

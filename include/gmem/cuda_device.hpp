@@ -64,6 +64,7 @@ class CudaDevice final : public Device {
   void record_event(EventHandle event, StreamId stream) override;
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
+  void wait_event(StreamId stream, EventHandle event) override;
   bool stream_capturing(StreamId stream) override;
   CallTimes call_times() const override;
 
@@ -108,6 +109,7 @@ class CudaSegmentDevice final : public Device {
   void record_event(EventHandle event, StreamId stream) override;
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
+  void wait_event(StreamId stream, EventHandle event) override;
   bool stream_capturing(StreamId stream) override;
 
   std::size_t committed_bytes() const;  // sum of live segments

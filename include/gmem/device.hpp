@@ -54,6 +54,16 @@ class Device {
   virtual void record_event(EventHandle event, StreamId stream) = 0;
   virtual bool query_event(EventHandle event) = 0;        // true when complete; never blocks
   virtual void synchronize_event(EventHandle event) = 0;  // blocks until complete
+  // Makes `stream`'s work submitted from now on wait, on the GPU, for `event` as last recorded
+  // (cuStreamWaitEvent): the host does not wait. A later record of the event does not change
+  // what the stream waits for; an event never recorded is no wait. The engine asks it to hand
+  // memory another stream freed to `stream` before that stream has reached the free, as
+  // cudaMallocAsync's pools do (docs/engine.md, "Memory handed between streams"). The default
+  // waits on the host instead: slower, as safe.
+  virtual void wait_event(StreamId stream, EventHandle event) {
+    (void)stream;
+    synchronize_event(event);
+  }
   // Whether a CUDA graph is being captured on `stream` now (cuStreamIsCapturing): an event
   // recorded there would be a node of the graph, not the stream's progress, and querying it
   // would invalidate the capture. Asked only while the engine is told that a capture is under

@@ -33,6 +33,7 @@ enum class DeviceCall : int {
   query_event,
   synchronize_event,
   mem_info,
+  wait_event,
   count_  // number of kinds
 };
 const char* device_call_name(DeviceCall call) noexcept;
@@ -67,6 +68,7 @@ inline constexpr DeviceCallPrice kDeviceCallPrices[] = {
     {DeviceCall::query_event, 0.5, 0.0},        // cuEventQuery: estimated
     {DeviceCall::synchronize_event, 1.0, 0.0},  // cuEventSynchronize, the wait apart: estimated
     {DeviceCall::mem_info, 0.0, 0.0},           // cuMemGetInfo: not priced
+    {DeviceCall::wait_event, 1.0, 0.0},         // cuStreamWaitEvent: estimated
 };
 // The table is indexed by DeviceCall: one row per kind, in the enum's order.
 constexpr bool device_call_prices_in_order() {
@@ -115,6 +117,10 @@ class SimulatedDevice final : public Device {
   void record_event(EventHandle event, StreamId stream) override;
   bool query_event(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
+  // The stream's later events complete no earlier than `event`, and (streams completing only
+  // when told) only once the work it waits for is done; complete_stream and synchronize_event
+  // finish that work too, as the GPU would have.
+  void wait_event(StreamId stream, EventHandle event) override;
   bool stream_capturing(StreamId stream) override;
   // A capture begins (true) or ends on `stream`, as stream_capturing() will say.
   void set_stream_capturing(StreamId stream, bool capturing);
@@ -130,6 +136,12 @@ class SimulatedDevice final : public Device {
   // All work submitted to `stream` so far has finished.
   void complete_stream(StreamId stream);
   void complete_all_streams();
+  // Work items submitted to `stream` so far (submit_work).
+  std::uint64_t submitted(StreamId stream) const;
+  // Whether work submitted to `waiter` from now on runs after work item `work` of `stream`: the
+  // same stream, that work done, or `waiter` made to wait for it (wait_event, directly or through
+  // the events it waited for). What a block handed from one stream to another must satisfy.
+  bool ordered_after(StreamId waiter, StreamId stream, std::uint64_t work) const;
 
   // --- modelled time (microseconds) ---
   // The host clock: starts at 0, never runs backwards (an earlier time is ignored). A replay
@@ -176,16 +188,22 @@ class SimulatedDevice final : public Device {
     std::size_t offset = 0;
     bool accessible = false;
   };
+  // Work items of other streams that a stream's work (or an event) comes after: stream ->
+  // the last such item.
+  using After = std::map<StreamId, std::uint64_t>;
   struct Event {
     StreamId stream = 0;
     std::uint64_t target = 0;  // work item on `stream` this event waits for
     double completes_at_us = 0;  // host time at which the lagging GPU reaches it
     bool recorded = false;
+    After after;  // its stream's waits when it was recorded
   };
   struct Stream {
     std::uint64_t submitted = 0, completed = 0;  // work items (submit_work, complete_stream)
     double last_completion_us = 0;  // of the latest event recorded on it
+    After after;                    // what its work from now on waits for (wait_event)
   };
+  void finish(StreamId stream, std::uint64_t work, const After& after);  // work done, and its waits
   // Counts, prices (`units` chunks or mappings of `granules` in all), and throws if this call is
   // set to fail.
   void count(DeviceCall call, std::size_t units = 1, std::size_t granules = 1);

@@ -64,6 +64,9 @@ struct MemoryStats {
   std::int64_t num_maps = 0;            // cuMemMap calls
   std::int64_t num_unmaps = 0;          // cuMemUnmap calls
   std::int64_t num_stitches = 0;        // mallocs that remapped chunks freed elsewhere
+  // Memory another stream freed and may still use, handed to a stream made to wait for it on
+  // the GPU (cuStreamWaitEvent) rather than on the host or with new memory: the waits made.
+  std::int64_t num_stream_handovers = 0;
   std::int64_t num_empty_cache = 0;     // empty_cache() calls
   // Bytes the last empty_cache() kept beyond the pages in use then, because calls after every
   // step were giving back what the next step created again (EngineOptions::strict_empty_cache).

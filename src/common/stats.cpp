@@ -18,6 +18,7 @@ constexpr std::pair<std::string_view, Scalar> kScalars[] = {
     {"gmem.num_maps", &MemoryStats::num_maps},
     {"gmem.num_unmaps", &MemoryStats::num_unmaps},
     {"gmem.num_stitches", &MemoryStats::num_stitches},
+    {"gmem.num_stream_handovers", &MemoryStats::num_stream_handovers},
     {"gmem.num_empty_cache", &MemoryStats::num_empty_cache},
     {"gmem.empty_cache_kept_bytes", &MemoryStats::empty_cache_kept_bytes},
     {"gmem.chunks_held", &MemoryStats::chunks_held},

@@ -165,6 +165,11 @@ void CudaDevice::synchronize_event(EventHandle event) {
   cuda::synchronize_event(as_context(context_), reinterpret_cast<CUevent>(event));
 }
 
+void CudaDevice::wait_event(StreamId stream, EventHandle event) {
+  cuda::wait_event(as_context(context_), reinterpret_cast<CUstream>(stream),
+                   reinterpret_cast<CUevent>(event));
+}
+
 bool CudaDevice::stream_capturing(StreamId stream) {
   return cuda::stream_capturing(as_context(context_), reinterpret_cast<CUstream>(stream));
 }

@@ -167,6 +167,12 @@ void synchronize_event(CUcontext context, CUevent event) {
   check(driver().cuEventSynchronize(event), "cuEventSynchronize");
 }
 
+void wait_event(CUcontext context, CUstream stream, CUevent event) {
+  ContextGuard guard(context);
+  RelaxedCapture relaxed;
+  check(driver().cuStreamWaitEvent(stream, event, CU_EVENT_WAIT_DEFAULT), "cuStreamWaitEvent");
+}
+
 bool stream_capturing(CUcontext context, CUstream stream) {
   ContextGuard guard(context);
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;

@@ -17,7 +17,7 @@ namespace gmem::cuda {
   X(cuMemGetInfo) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)   \
   X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAlloc) \
   X(cuMemFree) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)            \
-  X(cuEventSynchronize) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)
+  X(cuEventSynchronize) X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)
 
 struct DriverApi {
 #define GMEM_CUDA_DECLARE(fn) decltype(&::fn) fn = nullptr;
@@ -77,6 +77,7 @@ void destroy_event(CUcontext context, CUevent event);
 void record_event(CUcontext context, CUevent event, CUstream stream);
 bool query_event(CUcontext context, CUevent event);  // CUDA_ERROR_NOT_READY -> false
 void synchronize_event(CUcontext context, CUevent event);
+void wait_event(CUcontext context, CUstream stream, CUevent event);  // cuStreamWaitEvent
 bool stream_capturing(CUcontext context, CUstream stream);  // capturing, or a capture invalidated
 
 }  // namespace gmem::cuda

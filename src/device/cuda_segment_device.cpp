@@ -182,6 +182,11 @@ void CudaSegmentDevice::synchronize_event(EventHandle event) {
   cuda::synchronize_event(as_context(context_), reinterpret_cast<CUevent>(event));
 }
 
+void CudaSegmentDevice::wait_event(StreamId stream, EventHandle event) {
+  cuda::wait_event(as_context(context_), reinterpret_cast<CUstream>(stream),
+                   reinterpret_cast<CUevent>(event));
+}
+
 bool CudaSegmentDevice::stream_capturing(StreamId stream) {
   return cuda::stream_capturing(as_context(context_), reinterpret_cast<CUstream>(stream));
 }

@@ -51,6 +51,7 @@ const char* device_call_name(DeviceCall call) noexcept {
     case DeviceCall::query_event: return "cuEventQuery";
     case DeviceCall::synchronize_event: return "cuEventSynchronize";
     case DeviceCall::mem_info: return "cuMemGetInfo";
+    case DeviceCall::wait_event: return "cuStreamWaitEvent";
     case DeviceCall::count_: break;
   }
   return "unknown";
@@ -349,13 +350,47 @@ void SimulatedDevice::record_event(EventHandle event, StreamId stream) {
   // The GPU reaches the event lag_us after the host recorded it, and a stream runs in order.
   const double completes_at = std::max(host_time_us_ + lag_us_, s.last_completion_us);
   s.last_completion_us = completes_at;
-  it->second = Event{stream, s.submitted, completes_at, true};
+  it->second = Event{stream, s.submitted, completes_at, true, s.after};
+}
+
+void SimulatedDevice::wait_event(StreamId stream, EventHandle event) {
+  std::lock_guard lock(mutex_);
+  count(DeviceCall::wait_event);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    throw DeviceError(device_call_name(DeviceCall::wait_event), kInvalidHandle,
+                      "unknown event " + std::to_string(event));
+  }
+  const Event& e = it->second;
+  if (!e.recorded) return;  // as with cuStreamWaitEvent
+  Stream& s = streams_[stream];
+  s.last_completion_us = std::max(s.last_completion_us, e.completes_at_us);
+  auto wait = [&](StreamId other, std::uint64_t work) {
+    if (other == stream) return;
+    std::uint64_t& last = s.after[other];
+    last = std::max(last, work);
+  };
+  wait(e.stream, e.target);
+  for (const auto& [other, work] : e.after) wait(other, work);
+}
+
+void SimulatedDevice::finish(StreamId stream, std::uint64_t work, const After& after) {
+  std::uint64_t& done = streams_[stream].completed;
+  done = std::max(done, work);
+  for (const auto& [other, upto] : after) {
+    std::uint64_t& other_done = streams_[other].completed;
+    other_done = std::max(other_done, upto);
+  }
 }
 
 bool SimulatedDevice::event_complete(const Event& event) {
   if (!event.recorded) return true;  // as with cuEventQuery
   if (host_time_us_ < event.completes_at_us) return false;  // the lagging GPU is not there yet
-  return options_.streams_complete_immediately || streams_[event.stream].completed >= event.target;
+  if (options_.streams_complete_immediately) return true;
+  if (streams_[event.stream].completed < event.target) return false;
+  for (const auto& [other, work] : event.after)
+    if (streams_[other].completed < work) return false;
+  return true;
 }
 
 bool SimulatedDevice::query_event(EventHandle event) {
@@ -392,8 +427,7 @@ void SimulatedDevice::synchronize_event(EventHandle event) {
   if (!e.recorded) return;
   // Waiting on the host lets the stream run up to the event (not past it), and the host's clock
   // runs on meanwhile.
-  std::uint64_t& done = streams_[e.stream].completed;
-  done = std::max(done, e.target);
+  finish(e.stream, e.target, e.after);
   if (e.completes_at_us > host_time_us_) {
     wait_us_ += e.completes_at_us - host_time_us_;
     host_time_us_ = e.completes_at_us;
@@ -431,7 +465,24 @@ void SimulatedDevice::submit_work(StreamId stream) {
 void SimulatedDevice::complete_stream(StreamId stream) {
   std::lock_guard lock(mutex_);
   Stream& s = streams_[stream];
-  s.completed = s.submitted;
+  finish(stream, s.submitted, s.after);
+}
+
+std::uint64_t SimulatedDevice::submitted(StreamId stream) const {
+  std::lock_guard lock(mutex_);
+  auto it = streams_.find(stream);
+  return it == streams_.end() ? 0 : it->second.submitted;
+}
+
+bool SimulatedDevice::ordered_after(StreamId waiter, StreamId stream, std::uint64_t work) const {
+  std::lock_guard lock(mutex_);
+  if (waiter == stream || work == 0) return true;
+  auto s = streams_.find(stream);
+  if (s != streams_.end() && s->second.completed >= work) return true;
+  auto w = streams_.find(waiter);
+  if (w == streams_.end()) return false;
+  auto after = w->second.after.find(stream);
+  return after != w->second.after.end() && after->second >= work;
 }
 
 void SimulatedDevice::complete_all_streams() {

@@ -143,20 +143,25 @@ PageId Backing::blocking_alias(std::uint32_t arena, std::size_t index, const Pag
     const Arena& a = *arenas_[arena_of(other)];
     const Page& p = a.pages.get(index_of(other));
     if (p.refs > 0) return other;  // busy through another alias
-    if (a.stream != stream && !streams_.progress.done(a.stream, p.free_seq)) return other;
+    if (!streams_.progress.ordered(stream, a.stream, p.free_seq)) return other;
   }
   return kNoPage;
 }
 
 bool Backing::page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page) {
-  // Each poll that finds its alias's stream done lets the walk go past it, to the next alias
-  // that blocks (or none).
+  // Each poll that finds its alias's stream done, or handover made, lets the walk go past it, to
+  // the next alias that blocks (or none). A handover costs an event record and a stream wait
+  // (a few microseconds, no memory) where the remap it saves costs an unmap, a map and a
+  // set-access, and a chunk.
+  const std::uint32_t stream = arenas_[arena]->stream;
   for (PageId other; (other = blocking_alias(arena, index, page)) != kNoPage;) {
     const Arena& a = *arenas_[arena_of(other)];
     const Page& p = a.pages.get(index_of(other));
     if (p.refs > 0) return false;  // busy: no poll makes it ready
-    if (!streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq))
-      return false;
+    if (streams_.progress.catch_up(a.stream, false) && streams_.progress.done(a.stream, p.free_seq))
+      continue;
+    if (!streams_.progress.order_after(stream, a.stream, p.free_seq)) return false;
+    ++accounting_.stats.num_stream_handovers;
   }
   return true;
 }
@@ -690,19 +695,22 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
       clash_rule_.allows_new_chunk(chunks_.held(), peak_used_, clashes_before, planned,
                                    device_.host_time()))
     if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
-  // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory.
-  if (const ChunkId c = steal_free_chunk(stream, false); c != kNoChunk) {
-    stage = std::max(stage, int{kStitched});
-    return c;
+  // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory;
+  // one another stream may still use costs a stream wait on the GPU besides (hand_over).
+  for (const Steal how : {Steal::ready, Steal::handed_over}) {
+    if (const ChunkId c = steal_free_chunk(stream, how); c != kNoChunk) {
+      stage = std::max(stage, int{kStitched});
+      return c;
+    }
   }
   if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // Pressure: wait for other streams to release their free chunks, then give back empty slabs
   // and frees pending on other streams.
   stage = kRetried;
-  if (const ChunkId c = steal_free_chunk(stream, true); c != kNoChunk) return c;
+  if (const ChunkId c = steal_free_chunk(stream, Steal::waited); c != kNoChunk) return c;
   client_.reclaim();
   if (chunks_.has_spare()) return chunks_.any_spare();
-  return steal_free_chunk(stream, true);
+  return steal_free_chunk(stream, Steal::waited);
 }
 
 bool Backing::chunk_busy(ChunkId chunk) const {
@@ -719,14 +727,26 @@ bool Backing::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll) {
     const Arena& a = *arenas_[arena_of(c.pages[k])];
     const Page& p = a.pages.get(index_of(c.pages[k]));
     if (p.refs > 0) return false;
-    if (a.stream == stream || streams_.progress.done(a.stream, p.free_seq)) continue;
+    if (streams_.progress.ordered(stream, a.stream, p.free_seq)) continue;
     if (!poll || !streams_.progress.catch_up(a.stream, false) || !streams_.progress.done(a.stream, p.free_seq))
       return false;
   }
   return true;
 }
 
-ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
+bool Backing::hand_over(ChunkId chunk, std::uint32_t stream) {
+  const Chunk& c = chunks_.at(chunk);
+  for (std::uint32_t k = 0; k < c.maps; ++k) {
+    const Arena& a = *arenas_[arena_of(c.pages[k])];
+    const Page& p = a.pages.get(index_of(c.pages[k]));
+    if (streams_.progress.ordered(stream, a.stream, p.free_seq)) continue;
+    if (!streams_.progress.order_after(stream, a.stream, p.free_seq)) return false;
+    ++accounting_.stats.num_stream_handovers;
+  }
+  return true;
+}
+
+ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   // Which free chunk to take decides whether the layout settles: a chunk taken from a page that
   // is needed again while the thief still holds it must be stitched back (and the page it then
   // takes from, and so on). So take the one whose pages are due last: each page's next use is
@@ -734,7 +754,9 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
   // also the likeliest to be done on other streams).
   // At most kWeighed usable candidates, among at most kExamined entries unless the caller will
   // wait anyway: entries another stream has not caught up with stay listed, and scanning them all
-  // for every page would make each malloc cost grow with the number of streams.
+  // for every page would make each malloc cost grow with the number of streams. A handover
+  // (Steal::handed_over) weighs every chunk no alias uses: the poll was made by the scan before.
+  const bool wait = how == Steal::waited;
   static constexpr int kWeighed = 64;
   static constexpr int kExamined = 4 * kWeighed;
   std::size_t best = freed_pages_.end();
@@ -754,11 +776,11 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
       continue;
     }
     ++examined;
-    if (a.stream != stream && wait && !streams_.progress.done(a.stream, p.free_seq)) {
+    if (wait && !streams_.progress.ordered(stream, a.stream, p.free_seq)) {
       streams_.progress.catch_up(a.stream, true);
       ++accounting_.stats.num_sync_all_streams;
     }
-    if (!chunk_free_for(p.chunk, stream, true)) continue;
+    if (how != Steal::handed_over && !chunk_free_for(p.chunk, stream, true)) continue;
     ++weighed;
     const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
     if (best == freed_pages_.end() || due > best_due) {
@@ -776,6 +798,10 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, bool wait) {
   const Arena& a = *arenas_[arena_of(id)];
   const Page& p = a.pages.get(index_of(id));
   const ChunkId chunk = p.chunk;
+  if (how == Steal::handed_over && !hand_over(chunk, stream)) {
+    freed_pages_.sweep();
+    return kNoChunk;
+  }
   if (chunks_.at(chunk).maps == Chunk::kMaxMaps) {
     // Enough aliases: this one (free, and done on its stream) makes room for the next.
     if (!streams_.progress.wait_for(a.stream, p.free_seq)) return kNoChunk;

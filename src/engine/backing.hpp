@@ -212,16 +212,22 @@ class Backing {
   Taken take_placed(const Placement& at, std::size_t bytes, std::size_t requested);
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
   // Whether the free page's chunk may serve its arena now without a device call: no other alias
-  // of the chunk is in use, or freed on another stream not known to be done (blocking_alias
-  // names the first that is, kNoPage when none).
+  // of the chunk is in use, or freed on another stream that the arena's stream is not known to
+  // come after (StreamTracker::ordered; blocking_alias names the first that is, kNoPage when
+  // none).
   PageId blocking_alias(std::uint32_t arena, std::size_t index, const Page& page) const;
   bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
     return blocking_alias(arena, index, page) == kNoPage;
   }
   // The same, polling (an event query, no wait) the other streams whose frees of its aliases
-  // are not yet known to be done; no query where the page is ready already.
+  // are not yet known to be done, and making the arena's stream wait on the GPU for those that
+  // are not (a handover: StreamTracker::order_after); no call where the page is ready already.
+  // False while an alias is in use, or during a capture that forbids the calls.
   bool page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page);
   bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
+  // Makes `stream` wait on the GPU for every other stream that freed an alias of the free chunk
+  // (a handover); false, the chunk not to be used, if a capture forbids it.
+  bool hand_over(ChunkId chunk, std::uint32_t stream);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
   // `listed`: among the stream's arenas, where online placement looks (the plan region is not).
   std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool listed = true);
@@ -266,7 +272,12 @@ class Backing {
   // planned: the page is the plan region's.
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before, bool planned);
   ChunkId create_chunk();  // kNoChunk when the limit or the device says no
-  ChunkId steal_free_chunk(std::uint32_t stream, bool wait);
+  // How steal_free_chunk may take a free chunk mapped elsewhere: only one the stream may use
+  // now (its other streams known to be done, after a poll); also one another stream freed and
+  // may still use, the stream made to wait for it on the GPU (hand_over: no host wait, no new
+  // memory); or after waiting on the host for the other streams (pressure).
+  enum class Steal { ready, handed_over, waited };
+  ChunkId steal_free_chunk(std::uint32_t stream, Steal how);
   Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }
   // The books of a map made (or to be made, in flight, by a MapJob) and of an unmap.
   void note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk);

@@ -1,5 +1,7 @@
 #include "engine/stream_tracker.hpp"
 
+#include <algorithm>
+
 namespace gmem::detail {
 
 StreamTracker::~StreamTracker() {
@@ -70,18 +72,38 @@ bool StreamTracker::wait_for(std::uint32_t index, std::uint64_t seq, const Unloc
   if (untouchable(index)) return false;
   streams_[index].marking = true;
   streams_[index].marks_since_wait = 0;
-  // The first pending event at or after the free (the oldest that covers it), else a new one.
-  const std::deque<Pending>& pending = streams_[index].pending;
-  auto covering = [&]() -> const Pending* {
-    for (const Pending& p : pending)
-      if (p.seq >= seq) return &p;
-    return nullptr;
-  };
-  if (covering() == nullptr) record(index);
-  const Pending p = *covering();
+  const Pending p = covering(index, seq);
   if (!device_.query_event(p.event)) synchronize(p.event, unlocked);
   complete_through(index, p.seq);
   return done(index, seq);
+}
+
+const StreamTracker::Pending& StreamTracker::covering(std::uint32_t index, std::uint64_t seq) {
+  // The first pending event at or after the free (the oldest that covers it), else a new one.
+  for (const Pending& p : streams_[index].pending)
+    if (p.seq >= seq) return p;
+  record(index);
+  return streams_[index].pending.back();
+}
+
+bool StreamTracker::order_after(std::uint32_t waiter, std::uint32_t index, std::uint64_t seq) {
+  if (ordered(waiter, index, seq)) return true;
+  if (untouchable(index) || untouchable(waiter)) return false;
+  // Marks from now on keep the next handover's event close to its free (stamp).
+  streams_[index].marking = true;
+  streams_[index].marks_since_wait = 0;
+  const Pending p = covering(index, seq);
+  device_.wait_event(streams_[waiter].stream, p.event);
+  Stream& w = streams_[waiter];
+  for (Ordering& o : w.after) {
+    if (o.index == index) {
+      o.seq = std::max(o.seq, p.seq);
+      return true;
+    }
+  }
+  w.after[w.next_after] = Ordering{index, p.seq};
+  w.next_after = (w.next_after + 1) % kOrderings;
+  return true;
 }
 
 void StreamTracker::synchronize(EventHandle event, const Unlocked* unlocked) {

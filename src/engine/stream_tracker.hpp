@@ -1,9 +1,11 @@
 // How far each stream's work has progressed, as seen through events: memory freed on a stream
 // is stamped with the stream's free sequence number, and may be handed to another stream once
-// an event recorded after that free has completed. Events are recorded lazily, only when
+// an event recorded after that free has completed, or once the other stream has been made to
+// wait for such an event on the GPU (order_after). Events are recorded lazily, only when
 // another stream wants the memory, so a single-stream program never touches them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -39,6 +41,20 @@ class StreamTracker {
   }
   // Whether the work on stream `index` up to free `seq` is known to be done (no device call).
   bool done(std::uint32_t index, std::uint64_t seq) const { return seq <= streams_[index].completed; }
+  // Whether the work stream `waiter` submits from now on runs after stream `index`'s work up to
+  // free `seq`: the same stream, that work done, or `waiter` made to wait for it (order_after).
+  // What memory needs before it moves to `waiter` (not before it is unmapped: that needs done).
+  bool ordered(std::uint32_t waiter, std::uint32_t index, std::uint64_t seq) const {
+    if (waiter == index || done(index, seq)) return true;
+    for (const Ordering& o : streams_[waiter].after)
+      if (o.index == index && o.seq >= seq) return true;
+    return false;
+  }
+  // Makes stream `waiter` wait on the GPU for stream `index`'s work up to free `seq`: the first
+  // event recorded after that free, else a new one (Device::wait_event). The host does not wait;
+  // the waiter's later work does, for as long as the other stream still needs the memory. Returns
+  // false, with no device call, when either stream is being captured (set_capturing).
+  bool order_after(std::uint32_t waiter, std::uint32_t index, std::uint64_t seq);
   // Records an event covering every free so far (if none does yet) and polls the pending
   // events; with `wait`, blocks until the stream has caught up. Returns true when all of the
   // stream's frees so far are done. With `unlocked`, the wait is made through it: other threads
@@ -71,6 +87,14 @@ class StreamTracker {
     EventHandle event;
     std::uint64_t seq;
   };
+  // Stream `index`'s work up to free `seq` comes before this stream's (order_after).
+  struct Ordering {
+    std::uint32_t index = ~0u;
+    std::uint64_t seq = 0;
+  };
+  // Orderings a stream remembers (the newest replaces the oldest): one per stream it took memory
+  // from lately is what a handover needs; forgetting one costs another wait_event, never safety.
+  static constexpr std::size_t kOrderings = 4;
   struct Stream {
     StreamId stream = 0;
     std::uint64_t seq = 0;        // last stamped free
@@ -78,6 +102,8 @@ class StreamTracker {
     std::deque<Pending> pending;  // events in record order
     bool marking = false;         // waited for lately: its frees are marked (stamp)
     std::uint32_t marks_since_wait = 0;
+    std::array<Ordering, kOrderings> after{};  // orderings made (order_after)
+    std::uint32_t next_after = 0;              // the slot the next one takes
   };
   // During a capture, whether stream `index` is the one captured (no event call may touch it).
   bool untouchable(std::uint32_t index) {
@@ -88,6 +114,8 @@ class StreamTracker {
   void mark(std::uint32_t index) noexcept;
   // Records an event covering every free so far, unless the newest pending one does.
   void record(std::uint32_t index);
+  // The oldest pending event covering free `seq` of stream `index`, recorded if none is.
+  const Pending& covering(std::uint32_t index, std::uint64_t seq);
   // Work up to free `seq` is done: the pending events up to it are done too, and go spare.
   void complete_through(std::uint32_t index, std::uint64_t seq);
   // Blocks until `event` completes, through `unlocked` when given (the caller's lock released).

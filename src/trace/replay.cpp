@@ -295,6 +295,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   r.device_call_us = end_counts.call_us;
   r.host_wait_us = end_counts.wait_us;
   r.host_clock_us = device.host_time();
+  r.stream_handovers = static_cast<std::uint64_t>(stats.num_stream_handovers);
   if (reached_late) {
     r.late_device_call_us = end_counts.call_us - at_half.call_us;
     r.late_host_wait_us = end_counts.wait_us - at_half.wait_us;

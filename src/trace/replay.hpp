@@ -97,6 +97,9 @@ struct ReplayResult {
   double late_device_call_us = 0;
   double late_host_wait_us = 0;
   double host_clock_us = 0;  // the host clock at the end: the trace's replayed span plus the waits
+  // Memory handed from one stream to another that may still use it, the taker made to wait on
+  // the GPU instead of the host (MemoryStats::num_stream_handovers).
+  std::uint64_t stream_handovers = 0;
   // Step ends (ReplayOptions::step_ends) among the replayed events, and among those of the
   // second half; 0 when unknown.
   std::size_t steps = 0;

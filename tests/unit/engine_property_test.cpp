@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gmem/engine.hpp"
@@ -20,6 +21,48 @@ constexpr std::size_t GiB = std::size_t{1} << 30;
 struct Live {
   void* ptr;
   std::size_t size;
+  StreamId stream;
+};
+
+// Stream order: memory a block used goes to a block of another stream only once that stream's
+// work comes after the kernels that may have used it (SimulatedDevice::ordered_after: that work
+// done, or the taker made to wait for it). Kept by the physical granule, (chunk, offset): what
+// a freed block's kernels may touch up to, by stream.
+class StreamOrderCheck {
+ public:
+  explicit StreamOrderCheck(const SimulatedDevice& device) : device_(device) {}
+  template <class F>
+  void for_granules(const Live& l, F&& visit) const {
+    const std::size_t granule = device_.granularity();
+    const auto begin = reinterpret_cast<std::uintptr_t>(l.ptr);
+    for (std::uintptr_t pos = begin & ~(granule - 1); pos < begin + l.size; pos += granule)
+      visit(device_.physical_at(pos));
+  }
+  void freed(const Live& l) {  // its kernels: everything submitted to its stream so far
+    const std::uint64_t work = device_.submitted(l.stream);
+    for_granules(l, [&](std::pair<ChunkHandle, std::size_t> at) {
+      std::uint64_t& last = used_[at][l.stream];
+      last = std::max(last, work);
+    });
+  }
+  // Returns "" or what broke the order.
+  std::string taken(const Live& l) const {
+    std::string broken;
+    for_granules(l, [&](std::pair<ChunkHandle, std::size_t> at) {
+      auto it = used_.find(at);
+      if (it == used_.end() || !broken.empty()) return;
+      for (const auto& [stream, work] : it->second)
+        if (!device_.ordered_after(l.stream, stream, work))
+          broken = "chunk " + std::to_string(at.first) + " went to stream " +
+                   std::to_string(l.stream) + " before stream " + std::to_string(stream) +
+                   " reached work item " + std::to_string(work);
+    });
+    return broken;
+  }
+
+ private:
+  const SimulatedDevice& device_;
+  std::map<std::pair<ChunkHandle, std::size_t>, std::map<StreamId, std::uint64_t>> used_;
 };
 
 int steps_from_env(int fallback) {
@@ -71,6 +114,7 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
   std::vector<Live> live;
   std::map<std::uintptr_t, std::size_t> by_address;  // to check overlaps
   std::int64_t allocated = 0, ooms = 0;
+  StreamOrderCheck order(device);
 
   for (int step = 0; step < steps; ++step) {
     if (lagging) {
@@ -81,6 +125,7 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
     const bool do_free = !live.empty() && (live.size() >= 48 || rng() % 2 == 0);
     if (do_free) {
       const std::size_t i = rng() % live.size();
+      if (lagging) order.freed(live[i]);
       engine.free(live[i].ptr);
       by_address.erase(reinterpret_cast<std::uintptr_t>(live[i].ptr));
       allocated -= static_cast<std::int64_t>((live[i].size + 511) / 512 * 512);
@@ -108,7 +153,8 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
           ASSERT_LE(prev->first + prev->second, a) << "overlap at step " << step;
         }
         by_address.emplace(a, size);
-        live.push_back({p, size});
+        live.push_back({p, size, stream});
+        if (lagging) ASSERT_EQ(order.taken(live.back()), "") << "step " << step;
         allocated += static_cast<std::int64_t>((size + 511) / 512 * 512);
       }
     }

@@ -613,22 +613,50 @@ TEST(Engine, ResetPeakStats) {
   engine.free(p);
 }
 
-TEST(Engine, OtherStreamReusesMemoryOnlyAfterTheFreeingStreamCaughtUp) {
+// Memory a stream freed while its kernel may still use it goes to another stream only once
+// that stream's work comes after the kernel: here it is handed over, the taker made to wait on
+// the GPU (cuStreamWaitEvent), with no host wait and no new memory.
+TEST(Engine, OtherStreamTakesMemoryOnlyOnceItsWorkComesAfterTheFreeingStream) {
   SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
   Engine engine(device);
   constexpr StreamId a = 1, b = 2;
   void* p = engine.malloc(48 * MiB, a);
   device.submit_work(a);  // a kernel still running on stream a uses p
+  const std::uint64_t kernel = device.submitted(a);
   engine.free(p);
-  // Stream b cannot have p's memory yet; growing is allowed, so it gets fresh memory.
-  void* q = engine.malloc(8 * MiB, b);
+  EXPECT_FALSE(device.ordered_after(b, a, kernel));
+  void* q = engine.malloc(56 * MiB, b);  // more than the device has left: a's pages are needed
+  EXPECT_TRUE(device.ordered_after(b, a, kernel)) << "b took memory a's kernel may still use";
   EXPECT_EQ(engine.stats().num_sync_all_streams, 0);
-  // Now memory is short: b must wait for stream a before stitching a's pages.
-  void* r = engine.malloc(48 * MiB, b);
-  EXPECT_GT(engine.stats().num_sync_all_streams, 0);
+  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_GT(engine.stats().num_stream_handovers, 0);
   EXPECT_GT(engine.stats().num_stitches, 0);
+  EXPECT_EQ(engine.stats().chunks_held, 28);  // 56 MiB: no chunk beyond them
+  EXPECT_FALSE(device.ordered_after(a, b, device.submitted(b) + 1));  // nothing the other way
   engine.free(q);
-  engine.free(r);
+  engine.check_invariants();
+}
+
+// While a CUDA graph is captured on the taking stream, no wait can be added to it: the taker
+// waits on the host for the freeing stream instead (the engine is told of the capture).
+TEST(Engine, ATakerBeingCapturedWaitsOnTheHostInstead) {
+  SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
+  Engine engine(device);
+  constexpr StreamId a = 1, b = 2;
+  engine.free(engine.malloc(2 * MiB, b));  // b is known to the engine
+  void* p = engine.malloc(48 * MiB, a);
+  device.submit_work(a);
+  const std::uint64_t kernel = device.submitted(a);
+  engine.free(p);
+  device.set_stream_capturing(b, true);
+  engine.set_capturing(true);
+  void* q = engine.malloc(56 * MiB, b);
+  engine.set_capturing(false);
+  device.set_stream_capturing(b, false);
+  EXPECT_TRUE(device.ordered_after(b, a, kernel));  // a's kernel is done: waited for
+  EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
+  EXPECT_GT(engine.stats().num_sync_all_streams, 0);
+  engine.free(q);
   engine.check_invariants();
 }
 
@@ -655,13 +683,20 @@ TEST(Engine, StatsSayWhatDeviceCallsAndStreamWaitsCostTheHost) {
   EXPECT_EQ(engine.stats().device_call_us, first.device_call_us);
   EXPECT_EQ(engine.stats().stream_wait_us, 0);
 
-  // Stream b needs all the memory while stream a's GPU work may still use it: b waits for a.
+  // Stream b needs all the memory while stream a's GPU work may still use it: it is handed over
+  // (b waits for a on the GPU), which costs calls, not host waiting.
   void* z = engine.malloc(60 * MiB, b);
+  const MemoryStats handed = engine.stats();
+  EXPECT_GT(handed.num_stream_handovers, 0);
+  EXPECT_EQ(handed.stream_wait_us, 0);
+  EXPECT_GT(handed.device_call_us, first.device_call_us);
+  engine.free(z);
+  // Giving the memory back to the device needs b done with it: the host waits.
+  engine.empty_cache();
   const MemoryStats after = engine.stats();
   EXPECT_GT(after.stream_wait_us, 0);
   EXPECT_EQ(after.stream_wait_us, static_cast<std::int64_t>(device.modelled_wait_us()));
-  EXPECT_GT(after.device_call_us, first.device_call_us);
-  engine.free(z);
+  EXPECT_GT(after.device_call_us, handed.device_call_us);
   engine.check_invariants();
 }
 
@@ -1031,15 +1066,19 @@ TEST(Engine, APageAnotherStreamIsDoneWithIsPolledNotRemapped) {
   engine.free(again);
   engine.check_invariants();
 
-  // Work not done yet is not taken for done: the side stream's page is then remapped or waited
-  // for, never used while a kernel may still touch it.
+  // Work not done yet is not taken for done: the side stream's page is then handed over (the
+  // main stream made to wait for the side on the GPU), never used while a kernel may still
+  // touch it; no remap either.
   void* z = engine.malloc(2 * MiB, side);
   device.submit_work(side);
+  const std::uint64_t kernel = device.submitted(side);
   engine.free(z);
-  const std::uint64_t waits = device.calls(DeviceCall::synchronize_event);
-  void* w = engine.malloc(2 * MiB, main_stream);  // its one chunk: only once the side is done
-  EXPECT_GT(device.calls(DeviceCall::synchronize_event), waits)
+  void* w = engine.malloc(2 * MiB, main_stream);  // its one chunk
+  EXPECT_EQ(w, x);
+  EXPECT_TRUE(device.ordered_after(main_stream, side, kernel))
       << "the main stream took the chunk the side stream may still use";
+  EXPECT_EQ(device.calls(DeviceCall::map), maps);
+  EXPECT_EQ(engine.stats().num_stream_handovers, 1);
   engine.free(w);
   engine.check_invariants();
 }

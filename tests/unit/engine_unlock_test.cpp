@@ -91,6 +91,7 @@ class GatedDevice final : public Device {
   void destroy_event(EventHandle event) override { sim.destroy_event(event); }
   void record_event(EventHandle event, StreamId stream) override { sim.record_event(event, stream); }
   bool query_event(EventHandle event) override { return sim.query_event(event); }
+  void wait_event(StreamId stream, EventHandle event) override { sim.wait_event(stream, event); }
 
  private:
   void pass(DeviceCall call) {

@@ -241,6 +241,7 @@ TEST(SimDevice, CountsEveryCall) {
   device.record_event(event, 7);
   device.query_event(event);
   device.synchronize_event(event);
+  device.wait_event(8, event);
   device.destroy_event(event);
 
   EXPECT_EQ(device.calls(DeviceCall::reserve_address), 1u);
@@ -255,6 +256,7 @@ TEST(SimDevice, CountsEveryCall) {
   EXPECT_EQ(device.calls(DeviceCall::record_event), 1u);
   EXPECT_EQ(device.calls(DeviceCall::query_event), 1u);
   EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 1u);
+  EXPECT_EQ(device.calls(DeviceCall::wait_event), 1u);
   EXPECT_EQ(device.calls(DeviceCall::destroy_event), 1u);
 
   device.reset_call_counts();
@@ -363,6 +365,63 @@ TEST(SimDevice, EventsWaitForWorkSubmittedBeforeThem) {
   device.complete_all_streams();
   EXPECT_TRUE(device.query_event(first));
   EXPECT_TRUE(device.query_event(elsewhere));
+}
+
+// cuStreamWaitEvent: the waiting stream's later work comes after the event's, and through it
+// after what that stream waited for; a later record of the event changes nothing.
+TEST(SimDevice, AStreamMadeToWaitComesAfterTheEvent) {
+  SimDeviceOptions options;
+  options.streams_complete_immediately = false;
+  SimulatedDevice device(options);
+  constexpr StreamId a = 1, b = 2, c = 3;
+  const EventHandle on_a = device.create_event();
+  const EventHandle on_b = device.create_event();
+  const EventHandle never_recorded = device.create_event();
+  device.wait_event(b, never_recorded);  // no wait
+  EXPECT_FALSE(device.ordered_after(b, a, 1));
+
+  device.submit_work(a);
+  device.record_event(on_a, a);
+  EXPECT_FALSE(device.ordered_after(b, a, device.submitted(a)));
+  device.wait_event(b, on_a);
+  EXPECT_TRUE(device.ordered_after(b, a, 1));
+  EXPECT_FALSE(device.ordered_after(a, b, 1));  // not the other way
+  device.submit_work(a);
+  device.record_event(on_a, a);  // recorded again: b still waits for the first record only
+  EXPECT_FALSE(device.ordered_after(b, a, 2));
+
+  device.submit_work(b);
+  device.record_event(on_b, b);
+  device.wait_event(c, on_b);  // c after b, and so after a's first kernel
+  EXPECT_TRUE(device.ordered_after(c, b, 1));
+  EXPECT_TRUE(device.ordered_after(c, a, 1));
+  EXPECT_FALSE(device.ordered_after(c, a, 2));
+
+  // b's stream finishing means the work it waited for finished too (a's first kernel), not the
+  // rest of a's.
+  EXPECT_FALSE(device.query_event(on_b));
+  device.complete_stream(b);
+  EXPECT_TRUE(device.query_event(on_b));
+  EXPECT_TRUE(device.ordered_after(a + 10, a, 1));  // done: any stream comes after it
+  EXPECT_FALSE(device.query_event(on_a));
+  EXPECT_EQ(device.calls(DeviceCall::wait_event), 3u);
+  EXPECT_THROW(device.wait_event(a, 12345), DeviceError);
+}
+
+TEST(SimDeviceLag, AWaitingStreamsEventsCompleteNoEarlierThanTheEventWaitedFor) {
+  SimDeviceOptions options;
+  options.lag_us = 1000;
+  SimulatedDevice device(options);
+  const EventHandle slow = device.create_event();
+  const EventHandle after = device.create_event();
+  device.record_event(slow, 1);  // completes at 1000
+  device.set_lag(10);
+  device.wait_event(2, slow);
+  device.record_event(after, 2);  // 10 behind the host, but after `slow`
+  device.set_host_time(500);
+  EXPECT_FALSE(device.query_event(after));
+  device.set_host_time(1000);
+  EXPECT_TRUE(device.query_event(after));
 }
 
 // --- the host-ahead model: the GPU runs lag_us behind the host clock ---
