@@ -387,7 +387,8 @@ TEST_F(GpuTest, RepeatedStepsKeepTheirDataAndStopMapping) {
 }
 
 // A block freed while its stream still works on it must not be handed to another stream before
-// that work finishes: either a different address, or the engine waited.
+// that work finishes: a different address, the engine waited, or the taker's stream waits for
+// it on the GPU (a handover); whichever, the taker's data must come out whole.
 class CrossStream : public GpuTest, public ::testing::WithParamInterface<std::size_t> {};
 
 TEST_P(CrossStream, FreedBlockIsNotReusedOnAnotherStreamBeforeItsWorkEnds) {
@@ -436,6 +437,25 @@ TEST_P(CrossStream, SameStreamReusesAtOnceAndDataStaysOrdered) {
   GPU_CHECK(cudaStreamSynchronize(a_));
   EXPECT_EQ(mismatches(second, size, 6), 0u);
   engine.free(second);
+}
+
+// Memory a stream freed while its kernel still runs, needed by another stream (the limit leaves
+// no other): handed over, the taker made to wait for the kernel on the GPU (cuStreamWaitEvent).
+// The malloc returns while the kernel still runs, and the taker's write lands after the kernel's.
+TEST_F(GpuTest, MemoryAStreamMayStillUseIsHandedOverWithoutAHostWait) {
+  Engine& engine = make_engine(EngineOptions{.memory_limit = 8 * kMiB});
+  void* first = engine.malloc(8 * kMiB, id(a_));
+  delayed_fill(first, 8 * kMiB, 1, a_, kDelayNs);
+  engine.free(first);
+  void* second = engine.malloc(8 * kMiB, id(b_));
+  EXPECT_EQ(cudaStreamQuery(a_), cudaErrorNotReady) << "the host waited for stream A";
+  EXPECT_GT(engine.stats().num_stream_handovers, 0);
+  EXPECT_EQ(engine.stats().num_sync_all_streams, 0);
+  fill(second, 8 * kMiB, 2, b_);
+  GPU_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(mismatches(second, 8 * kMiB, 2), 0u) << "stream A's late write landed in B's block";
+  engine.free(second);
+  engine.check_invariants();
 }
 
 INSTANTIATE_TEST_SUITE_P(SmallAndLarge, CrossStream,

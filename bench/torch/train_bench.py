@@ -148,6 +148,7 @@ PER_STEP_STATS = {
     "step_waits": "num_sync_all_streams",   # host waits for a stream
     "step_call_us": "gmem.device_call_us",  # host time in the driver's memory calls
     "step_wait_us": "gmem.stream_wait_us",  # host time blocked waiting for a stream
+    "step_handovers": "gmem.num_stream_handovers",  # streams made to wait on the GPU instead
 }
 
 
@@ -241,6 +242,8 @@ def run_one(model, allocator, steps, warmup, cap_bytes=None, empty_cache=False):
         record.update(maps=stats.get("gmem.num_maps"), stitches=stats.get("gmem.num_stitches"),
                       page_size=stats.get("gmem.granularity"),  # GMEM_PAGE_SIZE, or 2 MiB
                       stream_waits=stats.get("num_sync_all_streams"),
+                      stream_handovers=stats.get("gmem.num_stream_handovers"),
+                      handovers_setting=os.environ.get("GMEM_STREAM_HANDOVERS", "on"),
                       plan={k[len("gmem."):]: v for k, v in stats.items()
                             if k.startswith(("gmem.plan", "gmem.steps_marked"))},
                       device_allocs=stats.get("num_device_alloc"),
@@ -334,6 +337,8 @@ def show(paths):
             if r.get("step_call_us"):  # the driver's memory calls and stream waits, ms a step
                 print("   call ms", [round(us / 1000, 1) for us in r["step_call_us"]])
                 print("   wait ms", [round(us / 1000, 1) for us in r["step_wait_us"]])
+            if r.get("step_handovers"):
+                print("   handovers (%s)" % r.get("handovers_setting", "on"), r["step_handovers"])
             print("   ms", r.get("step_ms"))
 
 

@@ -53,6 +53,14 @@ struct EngineOptions {
   // Such an engine also serves small blocks from ranges of their own, not slabs, so that
   // malloc_at can put any of them back.
   bool stable_pages = false;
+  // Memory another stream freed and may still use (its kernels not known to be done) goes to a
+  // stream that needs it, that stream made to wait for them on the GPU (cuStreamWaitEvent), as
+  // cudaMallocAsync's pools do by default (cudaMemPoolReuseAllowInternalDependencies): no new
+  // memory, no host wait, at the cost of an ordering between the two streams' work. Off, such
+  // memory moves only once its stream is known to be done, and a stream that cannot wait for
+  // it gets new memory (or, under the limit, the host waits). docs/engine.md, "Memory handed
+  // between streams".
+  bool stream_handovers = true;
 };
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).

@@ -146,6 +146,18 @@ bool strict_empty_cache_from_environment() {
               std::string("GMEM_EMPTY_CACHE='") + value + "' is not one of: auto, strict");
 }
 
+// GMEM_STREAM_HANDOVERS: "0" or "off" turns EngineOptions::stream_handovers off; unset, empty,
+// "1" or "on": on.
+bool stream_handovers_from_environment() {
+  const char* value = std::getenv("GMEM_STREAM_HANDOVERS");
+  if (value == nullptr || *value == '\0') return true;
+  const std::string_view v(value);
+  if (v == "1" || v == "on") return true;
+  if (v == "0" || v == "off") return false;
+  throw Error(Errc::invalid_argument,
+              std::string("GMEM_STREAM_HANDOVERS='") + value + "' is not one of: on, off, 1, 0");
+}
+
 class Registry {
  public:
   Registry() : backend_(backend_from_environment()) {}
@@ -163,6 +175,7 @@ class Registry {
     Opened opened = open_device(device);
     opened.options.page_size = page_size_from_environment();
     opened.options.strict_empty_cache = strict_empty_cache_from_environment();
+    opened.options.stream_handovers = stream_handovers_from_environment();
     context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
     try {
       context->engine = std::make_unique<Engine>(*context->device, opened.options);

@@ -32,9 +32,10 @@ std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1
 
 Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
                  EngineObserver* const& observer, BackingClient& client, std::size_t page_size,
-                 bool stable_pages)
+                 bool stable_pages, bool handovers)
     : device_(device), streams_(streams), accounting_(accounting), observer_(observer),
       client_(client), granularity_(device.granularity()), stable_pages_(stable_pages),
+      handovers_(handovers),
       clash_rule_(device.host_time()) {
   if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
     throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
@@ -160,7 +161,7 @@ bool Backing::page_ready_polled(std::uint32_t arena, std::size_t index, const Pa
     if (p.refs > 0) return false;  // busy: no poll makes it ready
     if (streams_.progress.catch_up(a.stream, false) && streams_.progress.done(a.stream, p.free_seq))
       continue;
-    if (!streams_.progress.order_after(stream, a.stream, p.free_seq)) return false;
+    if (!handovers_ || !streams_.progress.order_after(stream, a.stream, p.free_seq)) return false;
     ++accounting_.stats.num_stream_handovers;
   }
   return true;
@@ -698,6 +699,7 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory;
   // one another stream may still use costs a stream wait on the GPU besides (hand_over).
   for (const Steal how : {Steal::ready, Steal::handed_over}) {
+    if (how == Steal::handed_over && !handovers_) break;
     if (const ChunkId c = steal_free_chunk(stream, how); c != kNoChunk) {
       stage = std::max(stage, int{kStitched});
       return c;

@@ -78,9 +78,10 @@ class Backing {
   // or a `page_size` (0: the device's granularity) that is not a power-of-two multiple of it up
   // to kMaxPageSize. `observer` is the engine's (read when a page is mapped or unmapped, or on
   // OOM). `stable_pages`: EngineOptions::stable_pages (a page keeps its chunk, none aliased).
+  // `handovers`: EngineOptions::stream_handovers.
   Backing(Device& device, Streams& streams, Accounting& accounting,
           EngineObserver* const& observer, BackingClient& client, std::size_t page_size = 0,
-          bool stable_pages = false);
+          bool stable_pages = false, bool handovers = true);
   static constexpr std::size_t kMaxPageSize = std::size_t{1} << 30;
   ~Backing();  // unmaps every page, gives back every address range and chunk
   Backing(const Backing&) = delete;
@@ -300,6 +301,7 @@ class Backing {
   // EngineOptions::stable_pages: chunks come from the spares or the device, never from another
   // page, so no page is ever aliased, remapped or waited for (acquire_chunk).
   const bool stable_pages_;
+  const bool handovers_;  // EngineOptions::stream_handovers
   bool pinning_ = false;  // a capture is under way in this stable engine: ranges taken pin
   std::size_t device_total_;
   std::size_t arena_size_ = 0;

@@ -25,7 +25,7 @@ std::string hex(DevicePtr ptr) {
 Engine::Impl::Impl(Device& device, EngineOptions options)
     : device_(device), options_(options), streams_(device),
       backing_(device, streams_, accounting_, observer_, *this, options.page_size,
-               options.stable_pages),
+               options.stable_pages, options.stream_handovers),
       cross_stream_(device), empty_cache_rule_(options.strict_empty_cache) {
   backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
   backing_.set_arena_size(options.address_space);

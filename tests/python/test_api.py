@@ -446,6 +446,20 @@ class EmptyCacheTest(unittest.TestCase):
         self.assertIn("auto, strict", result.stderr)
 
 
+class StreamHandoversTest(unittest.TestCase):
+    """GMEM_STREAM_HANDOVERS (EngineOptions::stream_handovers; a child process each)."""
+
+    def test_settings_are_read_and_a_bad_one_is_named(self):
+        for value in ("on", "off", "1", "0", ""):
+            result = run_python(["-c", "import gmem; gmem.free(gmem.malloc(1 << 20))"],
+                                GMEM_STREAM_HANDOVERS=value)
+            self.assertEqual(result.returncode, 0, (value, result.stderr))
+        result = run_python(["-c", "import gmem; gmem.malloc(1)"], GMEM_STREAM_HANDOVERS="yes")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("GMEM_STREAM_HANDOVERS='yes'", result.stderr)
+        self.assertIn("on, off, 1, 0", result.stderr)
+
+
 class SummaryTest(GmemTestCase):
     def test_summary_shows_current_numbers(self):
         ptr = self.malloc(3 * MiB)

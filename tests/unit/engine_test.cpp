@@ -637,6 +637,25 @@ TEST(Engine, OtherStreamTakesMemoryOnlyOnceItsWorkComesAfterTheFreeingStream) {
   engine.check_invariants();
 }
 
+// EngineOptions::stream_handovers off: the taker gets the memory only once the freeing stream is
+// done, waiting on the host for it when the device has no other (never ordered on the GPU).
+TEST(Engine, WithoutHandoversATakerWaitsOnTheHost) {
+  SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
+  Engine engine(device, EngineOptions{.stream_handovers = false});
+  constexpr StreamId a = 1, b = 2;
+  void* p = engine.malloc(48 * MiB, a);
+  device.submit_work(a);
+  const std::uint64_t kernel = device.submitted(a);
+  engine.free(p);
+  void* q = engine.malloc(56 * MiB, b);
+  EXPECT_TRUE(device.ordered_after(b, a, kernel));  // done: waited for
+  EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
+  EXPECT_EQ(engine.stats().num_stream_handovers, 0);
+  EXPECT_GT(engine.stats().num_sync_all_streams, 0);
+  engine.free(q);
+  engine.check_invariants();
+}
+
 // While a CUDA graph is captured on the taking stream, no wait can be added to it: the taker
 // waits on the host for the freeing stream instead (the engine is told of the capture).
 TEST(Engine, ATakerBeingCapturedWaitsOnTheHostInstead) {
