@@ -211,6 +211,7 @@ class SimulatedDevice final : public Device {
   // Mappings that start in [va, va + size): what cuMemSetAccess and cuMemUnmap are priced by.
   std::size_t mappings_in(DevicePtr va, std::size_t size) const;
   bool event_complete(const Event& event);
+  Event& event_of(EventHandle event, DeviceCall call);  // throws DeviceError for an unknown one
   void check_reserved(DevicePtr va, std::size_t size, const char* call) const;
   void check_granular(std::size_t value, const char* what, const char* call) const;
 

@@ -341,27 +341,18 @@ void SimulatedDevice::destroy_event(EventHandle event) {
 void SimulatedDevice::record_event(EventHandle event, StreamId stream) {
   std::lock_guard lock(mutex_);
   count(DeviceCall::record_event);
-  auto it = events_.find(event);
-  if (it == events_.end()) {
-    throw DeviceError(device_call_name(DeviceCall::record_event), kInvalidHandle,
-                      "unknown event " + std::to_string(event));
-  }
+  Event& e = event_of(event, DeviceCall::record_event);
   Stream& s = streams_[stream];
   // The GPU reaches the event lag_us after the host recorded it, and a stream runs in order.
   const double completes_at = std::max(host_time_us_ + lag_us_, s.last_completion_us);
   s.last_completion_us = completes_at;
-  it->second = Event{stream, s.submitted, completes_at, true, s.after};
+  e = Event{stream, s.submitted, completes_at, true, s.after};
 }
 
 void SimulatedDevice::wait_event(StreamId stream, EventHandle event) {
   std::lock_guard lock(mutex_);
   count(DeviceCall::wait_event);
-  auto it = events_.find(event);
-  if (it == events_.end()) {
-    throw DeviceError(device_call_name(DeviceCall::wait_event), kInvalidHandle,
-                      "unknown event " + std::to_string(event));
-  }
-  const Event& e = it->second;
+  const Event& e = event_of(event, DeviceCall::wait_event);
   if (!e.recorded) return;  // as with cuStreamWaitEvent
   Stream& s = streams_[stream];
   s.last_completion_us = std::max(s.last_completion_us, e.completes_at_us);
@@ -383,6 +374,13 @@ void SimulatedDevice::finish(StreamId stream, std::uint64_t work, const After& a
   }
 }
 
+SimulatedDevice::Event& SimulatedDevice::event_of(EventHandle event, DeviceCall call) {
+  auto it = events_.find(event);
+  if (it == events_.end())
+    throw DeviceError(device_call_name(call), kInvalidHandle, "unknown event " + std::to_string(event));
+  return it->second;
+}
+
 bool SimulatedDevice::event_complete(const Event& event) {
   if (!event.recorded) return true;  // as with cuEventQuery
   if (host_time_us_ < event.completes_at_us) return false;  // the lagging GPU is not there yet
@@ -396,12 +394,7 @@ bool SimulatedDevice::event_complete(const Event& event) {
 bool SimulatedDevice::query_event(EventHandle event) {
   std::lock_guard lock(mutex_);
   count(DeviceCall::query_event);
-  auto it = events_.find(event);
-  if (it == events_.end()) {
-    throw DeviceError(device_call_name(DeviceCall::query_event), kInvalidHandle,
-                      "unknown event " + std::to_string(event));
-  }
-  return event_complete(it->second);
+  return event_complete(event_of(event, DeviceCall::query_event));
 }
 
 bool SimulatedDevice::stream_capturing(StreamId stream) {
@@ -418,12 +411,7 @@ void SimulatedDevice::set_stream_capturing(StreamId stream, bool capturing) {
 void SimulatedDevice::synchronize_event(EventHandle event) {
   std::lock_guard lock(mutex_);
   count(DeviceCall::synchronize_event);
-  auto it = events_.find(event);
-  if (it == events_.end()) {
-    throw DeviceError(device_call_name(DeviceCall::synchronize_event), kInvalidHandle,
-                      "unknown event " + std::to_string(event));
-  }
-  const Event& e = it->second;
+  const Event& e = event_of(event, DeviceCall::synchronize_event);
   if (!e.recorded) return;
   // Waiting on the host lets the stream run up to the event (not past it), and the host's clock
   // runs on meanwhile.

@@ -613,6 +613,17 @@ TEST(Engine, ResetPeakStats) {
   engine.free(p);
 }
 
+// Stream `a` frees 48 MiB of a 64 MiB device while a kernel of its own may still use them (the
+// device's streams complete only when told): a malloc of more than 16 MiB on another stream
+// needs those pages. Returns the kernel's work item (SimulatedDevice::ordered_after).
+std::uint64_t free_while_its_kernel_runs(SimulatedDevice& device, Engine& engine, StreamId a) {
+  void* p = engine.malloc(48 * MiB, a);
+  device.submit_work(a);
+  const std::uint64_t kernel = device.submitted(a);
+  engine.free(p);
+  return kernel;
+}
+
 // Memory a stream freed while its kernel may still use it goes to another stream only once
 // that stream's work comes after the kernel: here it is handed over, the taker made to wait on
 // the GPU (cuStreamWaitEvent), with no host wait and no new memory.
@@ -620,10 +631,7 @@ TEST(Engine, OtherStreamTakesMemoryOnlyOnceItsWorkComesAfterTheFreeingStream) {
   SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
   Engine engine(device);
   constexpr StreamId a = 1, b = 2;
-  void* p = engine.malloc(48 * MiB, a);
-  device.submit_work(a);  // a kernel still running on stream a uses p
-  const std::uint64_t kernel = device.submitted(a);
-  engine.free(p);
+  const std::uint64_t kernel = free_while_its_kernel_runs(device, engine, a);
   EXPECT_FALSE(device.ordered_after(b, a, kernel));
   void* q = engine.malloc(56 * MiB, b);  // more than the device has left: a's pages are needed
   EXPECT_TRUE(device.ordered_after(b, a, kernel)) << "b took memory a's kernel may still use";
@@ -643,10 +651,7 @@ TEST(Engine, WithoutHandoversATakerWaitsOnTheHost) {
   SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
   Engine engine(device, EngineOptions{.stream_handovers = false});
   constexpr StreamId a = 1, b = 2;
-  void* p = engine.malloc(48 * MiB, a);
-  device.submit_work(a);
-  const std::uint64_t kernel = device.submitted(a);
-  engine.free(p);
+  const std::uint64_t kernel = free_while_its_kernel_runs(device, engine, a);
   void* q = engine.malloc(56 * MiB, b);
   EXPECT_TRUE(device.ordered_after(b, a, kernel));  // done: waited for
   EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
@@ -663,10 +668,7 @@ TEST(Engine, ATakerBeingCapturedWaitsOnTheHostInstead) {
   Engine engine(device);
   constexpr StreamId a = 1, b = 2;
   engine.free(engine.malloc(2 * MiB, b));  // b is known to the engine
-  void* p = engine.malloc(48 * MiB, a);
-  device.submit_work(a);
-  const std::uint64_t kernel = device.submitted(a);
-  engine.free(p);
+  const std::uint64_t kernel = free_while_its_kernel_runs(device, engine, a);
   device.set_stream_capturing(b, true);
   engine.set_capturing(true);
   void* q = engine.malloc(56 * MiB, b);
