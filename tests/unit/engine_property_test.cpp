@@ -164,7 +164,8 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
       ASSERT_LE(device.max_chunk_maps(), 1u) << "a chunk mapped at two pages at step " << step;
       ASSERT_EQ(device.calls(DeviceCall::unmap), 0u) << "a page lost its chunk at step " << step;
       ASSERT_EQ(device.calls(DeviceCall::record_event) + device.calls(DeviceCall::query_event) +
-                    device.calls(DeviceCall::synchronize_event),
+                    device.calls(DeviceCall::synchronize_event) +
+                    device.calls(DeviceCall::wait_event),
                 0u)
           << "a stream was waited for at step " << step;
     }

@@ -14,10 +14,12 @@ inline std::uint64_t mapping_calls(const SimulatedDevice& d) {
          d.calls(DeviceCall::set_access);
 }
 
-// Every event call (created, recorded, queried, waited for): what a capture forbids.
+// Every event call (created, recorded, queried, waited for on the host or by a stream): what a
+// capture forbids.
 inline std::uint64_t event_calls(const SimulatedDevice& d) {
   return d.calls(DeviceCall::create_event) + d.calls(DeviceCall::record_event) +
-         d.calls(DeviceCall::query_event) + d.calls(DeviceCall::synchronize_event);
+         d.calls(DeviceCall::query_event) + d.calls(DeviceCall::synchronize_event) +
+         d.calls(DeviceCall::wait_event);
 }
 
 }  // namespace gmem
