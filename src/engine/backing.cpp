@@ -161,8 +161,7 @@ bool Backing::page_ready_polled(std::uint32_t arena, std::size_t index, const Pa
     if (p.refs > 0) return false;  // busy: no poll makes it ready
     if (streams_.progress.catch_up(a.stream, false) && streams_.progress.done(a.stream, p.free_seq))
       continue;
-    if (!handovers_ || !streams_.progress.order_after(stream, a.stream, p.free_seq)) return false;
-    ++accounting_.stats.num_stream_handovers;
+    if (!hand_over(stream, a.stream, p.free_seq)) return false;
   }
   return true;
 }
@@ -699,7 +698,7 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
   // A free chunk mapped elsewhere costs the same map and set_access as a new one, and no memory;
   // one another stream may still use costs a stream wait on the GPU besides (hand_over).
   for (const Steal how : {Steal::ready, Steal::handed_over}) {
-    if (how == Steal::handed_over && !handovers_) break;
+    if (how == Steal::handed_over && !handovers_) break;  // no scan: hand_over refuses all
     if (const ChunkId c = steal_free_chunk(stream, how); c != kNoChunk) {
       stage = std::max(stage, int{kStitched});
       return c;
@@ -736,14 +735,20 @@ bool Backing::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll) {
   return true;
 }
 
-bool Backing::hand_over(ChunkId chunk, std::uint32_t stream) {
+bool Backing::hand_over(std::uint32_t stream, std::uint32_t from, std::uint64_t free_seq) {
+  if (!handovers_ || !streams_.progress.order_after(stream, from, free_seq)) return false;
+  ++accounting_.stats.num_stream_handovers;
+  return true;
+}
+
+bool Backing::hand_over_chunk(ChunkId chunk, std::uint32_t stream) {
   const Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k) {
     const Arena& a = *arenas_[arena_of(c.pages[k])];
     const Page& p = a.pages.get(index_of(c.pages[k]));
-    if (streams_.progress.ordered(stream, a.stream, p.free_seq)) continue;
-    if (!streams_.progress.order_after(stream, a.stream, p.free_seq)) return false;
-    ++accounting_.stats.num_stream_handovers;
+    if (!streams_.progress.ordered(stream, a.stream, p.free_seq) &&
+        !hand_over(stream, a.stream, p.free_seq))
+      return false;
   }
   return true;
 }
@@ -800,7 +805,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   const Arena& a = *arenas_[arena_of(id)];
   const Page& p = a.pages.get(index_of(id));
   const ChunkId chunk = p.chunk;
-  if (how == Steal::handed_over && !hand_over(chunk, stream)) {
+  if (how == Steal::handed_over && !hand_over_chunk(chunk, stream)) {
     freed_pages_.sweep();
     return kNoChunk;
   }

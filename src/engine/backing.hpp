@@ -226,9 +226,12 @@ class Backing {
   // False while an alias is in use, or during a capture that forbids the calls.
   bool page_ready_polled(std::uint32_t arena, std::size_t index, const Page& page);
   bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
-  // Makes `stream` wait on the GPU for every other stream that freed an alias of the free chunk
-  // (a handover); false, the chunk not to be used, if a capture forbids it.
-  bool hand_over(ChunkId chunk, std::uint32_t stream);
+  // A handover: makes `stream` wait on the GPU for stream `from`'s work up to free `free_seq`,
+  // and counts it; false, with no call, where handovers are off or a capture forbids it.
+  bool hand_over(std::uint32_t stream, std::uint32_t from, std::uint64_t free_seq);
+  // The same for every other stream that freed an alias of the free chunk; false, the chunk not
+  // to be used, if one cannot be made.
+  bool hand_over_chunk(ChunkId chunk, std::uint32_t stream);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
   // `listed`: among the stream's arenas, where online placement looks (the plan region is not).
   std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool listed = true);
@@ -275,8 +278,8 @@ class Backing {
   ChunkId create_chunk();  // kNoChunk when the limit or the device says no
   // How steal_free_chunk may take a free chunk mapped elsewhere: only one the stream may use
   // now (its other streams known to be done, after a poll); also one another stream freed and
-  // may still use, the stream made to wait for it on the GPU (hand_over: no host wait, no new
-  // memory); or after waiting on the host for the other streams (pressure).
+  // may still use, the stream made to wait for it on the GPU (hand_over_chunk: no host wait, no
+  // new memory); or after waiting on the host for the other streams (pressure).
   enum class Steal { ready, handed_over, waited };
   ChunkId steal_free_chunk(std::uint32_t stream, Steal how);
   Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }
