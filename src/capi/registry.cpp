@@ -5,11 +5,13 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/byte_count.hpp"
@@ -136,26 +138,33 @@ std::size_t page_size_from_environment() {
   return static_cast<std::size_t>(*bytes);
 }
 
+// A yes-or-no setting named by one of `choices` (a word and what it means) in the environment
+// variable `name`; unset or empty: `unset`. Any other word is refused, naming the choices.
+bool choice_from_environment(const char* name,
+                             std::initializer_list<std::pair<std::string_view, bool>> choices,
+                             bool unset) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return unset;
+  std::string listed;
+  for (const auto& [word, meaning] : choices) {
+    if (word == value) return meaning;
+    listed += (listed.empty() ? "" : ", ") + std::string(word);
+  }
+  throw Error(Errc::invalid_argument,
+              std::string(name) + "='" + value + "' is not one of: " + listed);
+}
+
 // GMEM_EMPTY_CACHE: "strict" makes every empty_cache() give back everything
 // (EngineOptions::strict_empty_cache); unset, empty or "auto": the default rule.
 bool strict_empty_cache_from_environment() {
-  const char* value = std::getenv("GMEM_EMPTY_CACHE");
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return false;
-  if (std::string_view(value) == "strict") return true;
-  throw Error(Errc::invalid_argument,
-              std::string("GMEM_EMPTY_CACHE='") + value + "' is not one of: auto, strict");
+  return choice_from_environment("GMEM_EMPTY_CACHE", {{"auto", false}, {"strict", true}}, false);
 }
 
 // GMEM_STREAM_HANDOVERS: "0" or "off" turns EngineOptions::stream_handovers off; unset, empty,
 // "1" or "on": on.
 bool stream_handovers_from_environment() {
-  const char* value = std::getenv("GMEM_STREAM_HANDOVERS");
-  if (value == nullptr || *value == '\0') return true;
-  const std::string_view v(value);
-  if (v == "1" || v == "on") return true;
-  if (v == "0" || v == "off") return false;
-  throw Error(Errc::invalid_argument,
-              std::string("GMEM_STREAM_HANDOVERS='") + value + "' is not one of: on, off, 1, 0");
+  return choice_from_environment("GMEM_STREAM_HANDOVERS",
+                                 {{"on", true}, {"off", false}, {"1", true}, {"0", false}}, true);
 }
 
 class Registry {
