@@ -93,6 +93,12 @@ PROGRAMS = {
     # held-out, tenth batch: speculative decoding, CUDA graphs over bucketed lengths
     "spec_generate": ("spec_generate_step", 4),  # 10 steps overran the 2,000,000-event history
     "cudagraphs_varlen": ("cudagraphs_varlen_step", 16),
+    # held-out, eleventh batch: weights streamed in a layer at a time, continuous batching with
+    # caches grown by torch.cat, an evaluation gathering its outputs, two towers contrastively
+    "weights_stream_serve": ("weights_stream_serve_step", 8),
+    "continuous_batching": ("continuous_batching_step", 8),
+    "eval_collect": ("eval_collect_step", 16),
+    "clip_train": ("clip_train_step", 12),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -10,7 +10,10 @@
 # distill; `batch8` data parallel on one rank, threads and compiled serving: ddp_train,
 # fsdp_train, threads_serve, compile_serve; `batch9` rollouts, EMA, static-cache generation and
 # Lightning Fabric: rollout_train, ema_train, static_generate, fabric_train; `batch10`
-# speculative decoding and CUDA graphs over bucketed lengths: spec_generate, cudagraphs_varlen): `capture` records each one's allocation trace under
+# speculative decoding and CUDA graphs over bucketed lengths: spec_generate, cudagraphs_varlen;
+# `batch11` weights streamed in, continuous batching, an evaluation gathering its outputs and
+# contrastive towers: weights_stream_serve, continuous_batching, eval_collect, clip_train):
+# `capture` records each one's allocation trace under
 # the native allocator (and its peaks under expandable segments) for `gmem replay`; `live` runs each under native, expandable
 # and gmem (4 warm-up + 8 timed steps) and prints reserved / allocated, time and gmem's maps
 # step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the repository root:
@@ -30,6 +33,7 @@ programs=${*:-vit bert_varlen t5_varlen gpt2_accum bert_serve}
 [ "$programs" = batch8 ] && programs="ddp_train fsdp_train threads_serve compile_serve"
 [ "$programs" = batch9 ] && programs="rollout_train ema_train static_generate fabric_train"
 [ "$programs" = batch10 ] && programs="spec_generate cudagraphs_varlen"
+[ "$programs" = batch11 ] && programs="weights_stream_serve continuous_batching eval_collect clip_train"
 unset PYTORCH_CUDA_ALLOC_CONF GMEM_DEVICE
 if [ "$mode" = capture ]; then
   python3 bench/torch/capture_traces.py --programs $programs --expandable --timeout 200 \

@@ -1693,3 +1693,232 @@ def cudagraphs_varlen_step(torch, steps, seed=0, batch=8, lengths=(256, 512, 102
 
     step.shapes = ["%d x %d" % (batch, t) for t in plan]
     return step
+
+
+# --- held-out, eleventh batch (2026-11-25): weights streamed in, continuous batching, an
+# evaluation that gathers its outputs, two towers trained contrastively ------------------------
+
+
+def weights_stream_serve_step(torch, steps, seed=0, layers=16, dim=2048, ffn=5632, requests=4):
+    """Serving a model whose weights live in pinned host memory and stream to the GPU a layer at
+    a time, as accelerate's CPU offload and ZeRO-Inference run a model larger than the GPU: a
+    Llama-style decoder (16 layers, 2048 wide, 16 heads, SwiGLU of 5632; plain torch, bf16) whose
+    next layer's seven matrices a side stream copies while the compute stream runs this one; the
+    compute stream waits for the copy, calls record_stream on the weights it takes over, and
+    drops them after the layer. Each step serves 4 requests whose batch (1..8) and length
+    (64..1024) are drawn at random, under torch.inference_mode."""
+    F = torch.nn.functional
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    heads = 16
+    shapes = [(dim, dim)] * 4 + [(ffn, dim), (ffn, dim), (dim, ffn)]  # q k v o, gate up down
+    host = [[torch.randn(s, dtype=torch.bfloat16).mul_(0.02).pin_memory() for s in shapes]
+            for _ in range(layers)]
+    copier = torch.cuda.Stream()
+    plan = [[(rng.randint(1, 8), rng.randrange(64, 1025, 64)) for _ in range(requests)]
+            for _ in range(steps)]
+
+    def fetch(layer):
+        with torch.cuda.stream(copier):
+            return [w.cuda(non_blocking=True) for w in host[layer]]
+
+    def run_layer(x, w):
+        b, t, _ = x.shape
+        h = F.layer_norm(x, (dim,))
+        q, k, v = (F.linear(h, m).view(b, t, heads, -1).transpose(1, 2) for m in w[:3])
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + F.linear(a.transpose(1, 2).reshape(b, t, dim), w[3])
+        h = F.layer_norm(x, (dim,))
+        return x + F.linear(F.silu(F.linear(h, w[4])) * F.linear(h, w[5]), w[6])
+
+    def step(i):
+        total = 0.0
+        main = torch.cuda.current_stream()
+        with torch.inference_mode():
+            for batch, length in plan[i]:
+                x = torch.randn(batch, length, dim, device="cuda", dtype=torch.bfloat16)
+                ahead = fetch(0)
+                for layer in range(layers):
+                    main.wait_stream(copier)
+                    weights, ahead = ahead, None
+                    for w in weights:
+                        w.record_stream(main)
+                    if layer + 1 < layers:
+                        ahead = fetch(layer + 1)
+                    x = run_layer(x, weights)
+                    del weights
+                total += x.float().sum().item()
+        return total
+
+    step.shapes = [" ".join("%dx%d" % r for r in requests) for requests in plan]
+    return step
+
+
+def continuous_batching_step(torch, steps, seed=0, slots=32, decode=64):
+    """A generation server's continuous batching with the KV cache each request grows by
+    torch.cat every token (as transformers' DynamicCache grows it): a Llama-style decoder in plain
+    torch (8 layers, 1024 wide, 16 heads, grouped-query attention with 4 KV heads, bf16) under
+    torch.inference_mode; requests (prompts of 16..1024 tokens, 16..256 new ones, drawn at
+    random) are prefilled alone and join the running batch, up to 32, as others finish; each
+    decode step pads the running requests' caches to the longest (pad_sequence) and masks the
+    padding. A step is 64 decode steps."""
+    F = torch.nn.functional
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    dim, layers, heads, kv_heads, ffn, vocab = 1024, 8, 16, 4, 2816, 32000
+    hd = dim // heads
+
+    def weight(rows, cols):
+        return torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 0.02
+
+    embed = weight(vocab, dim)
+    model = [dict(q=weight(dim, dim), k=weight(kv_heads * hd, dim), v=weight(kv_heads * hd, dim),
+                  o=weight(dim, dim), g=weight(ffn, dim), u=weight(ffn, dim), d=weight(dim, ffn))
+             for _ in range(layers)]
+    queue = [(rng.randint(16, 1024), rng.randint(16, 256)) for _ in range(steps * 64)]
+    running = []  # [cache: per layer [k, v] of (1, kv_heads, length, hd), tokens left, last id]
+
+    def mlp(x, w):
+        h = F.layer_norm(x, (dim,))
+        return x + F.linear(F.silu(F.linear(h, w["g"])) * F.linear(h, w["u"]), w["d"])
+
+    def prefill(prompt, new):
+        ids = torch.randint(0, vocab, (1, prompt), device="cuda")
+        x = embed[ids]
+        cache = []
+        for w in model:
+            h = F.layer_norm(x, (dim,))
+            q = F.linear(h, w["q"]).view(1, prompt, heads, hd).transpose(1, 2)
+            k = F.linear(h, w["k"]).view(1, prompt, kv_heads, hd).transpose(1, 2).contiguous()
+            v = F.linear(h, w["v"]).view(1, prompt, kv_heads, hd).transpose(1, 2).contiguous()
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = mlp(x + F.linear(a.transpose(1, 2).reshape(1, prompt, dim), w["o"]), w)
+            cache.append([k, v])
+        last = F.linear(x[:, -1], embed).argmax(-1)
+        running.append([cache, new, last])
+
+    def decode_step():
+        b = len(running)
+        x = embed[torch.cat([r[2] for r in running])].unsqueeze(1)  # (b, 1, dim)
+        lengths = [r[0][0][0].shape[2] + 1 for r in running]
+        longest = max(lengths)
+        mask = (torch.arange(longest, device="cuda")[None, :] <
+                torch.tensor(lengths, device="cuda")[:, None]).view(b, 1, 1, longest)
+        for layer, w in enumerate(model):
+            h = F.layer_norm(x, (dim,))
+            q = F.linear(h, w["q"]).view(b, 1, heads, hd).transpose(1, 2)
+            k = F.linear(h, w["k"]).view(b, kv_heads, 1, hd)
+            v = F.linear(h, w["v"]).view(b, kv_heads, 1, hd)
+            for row, r in enumerate(running):
+                kv = r[0][layer]
+                kv[0] = torch.cat([kv[0], k[row:row + 1]], dim=2)
+                kv[1] = torch.cat([kv[1], v[row:row + 1]], dim=2)
+            keys, values = (torch.nn.utils.rnn.pad_sequence(
+                [r[0][layer][j][0].transpose(0, 1) for r in running], batch_first=True)
+                .transpose(1, 2) for j in (0, 1))
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            x = mlp(x + F.linear(a.transpose(1, 2).reshape(b, 1, dim), w["o"]), w)
+        ids = F.linear(x[:, 0], embed).argmax(-1)
+        for row, r in enumerate(running):
+            r[1] -= 1
+            r[2] = ids[row:row + 1]
+        running[:] = [r for r in running if r[1] > 0]
+        return b
+
+    def step(i):
+        tokens = 0
+        with torch.inference_mode():
+            for _ in range(decode):
+                while len(running) < slots and queue:
+                    prefill(*queue.pop(0))
+                tokens += decode_step()
+            torch.cuda.synchronize()
+        return float(tokens)
+
+    step.shapes = ["%d decode steps" % decode] * steps
+    return step
+
+
+def eval_collect_step(torch, steps, seed=0, batch=8, size=320, every=4, eval_batches=16):
+    """Segmentation training with an evaluation that gathers its outputs on the GPU, as many
+    scripts compute a dataset's metric: torchvision FCN-ResNet50 (random init, 21 classes) trained
+    on batches of 8 random 320 px images (SGD, bf16 autocast); every 4th step is instead an
+    evaluation of 16 batches under torch.no_grad whose logits and labels are appended to lists
+    on the GPU, concatenated at the end for the confusion matrix and mean IoU, then dropped."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    classes = 21
+    model = torchvision.models.segmentation.fcn_resnet50(
+        weights=None, weights_backbone=None, num_classes=classes, aux_loss=False).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def images():
+        return (torch.randn(batch, 3, size, size, device="cuda"),
+                torch.randint(0, classes, (batch, size, size), device="cuda"))
+
+    def step(i):
+        if i % every != every - 1:
+            model.train()
+            x, y = images()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x)["out"], y)
+            return finish_training_step(optimizer, loss)
+        model.eval()
+        outputs, labels = [], []
+        with torch.no_grad():
+            for _ in range(eval_batches):
+                x, y = images()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    outputs.append(model(x)["out"].float())
+                labels.append(y)
+            predicted = torch.cat(outputs).argmax(1)
+            truth = torch.cat(labels)
+            confusion = torch.bincount(truth.flatten() * classes + predicted.flatten(),
+                                       minlength=classes * classes).view(classes, classes)
+            union = confusion.sum(0) + confusion.sum(1) - confusion.diag()
+            return (confusion.diag() / union.clamp(min=1)).mean().item()
+
+    step.shapes = ["eval" if i % every == every - 1 else "train" for i in range(steps)]
+    return step
+
+
+def clip_train_step(torch, steps, seed=0, batch=128, size=160, tokens=77):
+    """CLIP-style contrastive training of two towers: a ViT-B/16 image tower (torchvision, 160 px,
+    its head a 512-wide projection) and a 12-layer text Transformer (512 wide, 8 heads,
+    pre-norm, 77 tokens, its last token projected), the batch's image-text similarity matrix with
+    a learned temperature and the symmetric cross entropy; bf16 autocast, AdamW."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    nn = torch.nn
+    width, vocab = 512, 49408
+    image_tower = torchvision.models.vit_b_16(weights=None, image_size=size, num_classes=width)
+    text_layer = nn.TransformerEncoderLayer(width, 8, 4 * width, batch_first=True,
+                                            norm_first=True, activation="gelu")
+    text = nn.ModuleDict(dict(
+        embed=nn.Embedding(vocab, width), blocks=nn.TransformerEncoder(
+            text_layer, 12, enable_nested_tensor=False), norm=nn.LayerNorm(width),
+        project=nn.Linear(width, width, bias=False)))
+    positions = nn.Parameter(torch.randn(tokens, width, device="cuda") * 0.01)
+    scale = nn.Parameter(torch.tensor(math.log(1 / 0.07), device="cuda"))
+    model = nn.ModuleDict(dict(image=image_tower, text=text)).cuda()
+    params = list(model.parameters()) + [positions, scale]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    causal = nn.Transformer.generate_square_subsequent_mask(tokens, device="cuda")
+
+    def step(i):
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        ids = torch.randint(0, vocab, (batch, tokens), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            image = torch.nn.functional.normalize(model["image"](x), dim=-1)
+            t = text["blocks"](text["embed"](ids) + positions, mask=causal, is_causal=True)
+            t = torch.nn.functional.normalize(text["project"](text["norm"](t[:, -1])), dim=-1)
+            logits = scale.exp() * image @ t.t()
+            target = torch.arange(batch, device="cuda")
+            loss = (torch.nn.functional.cross_entropy(logits, target) +
+                    torch.nn.functional.cross_entropy(logits.t(), target)) / 2
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d px + %d tokens" % (batch, size, tokens)] * steps
+    return step

@@ -108,6 +108,8 @@ struct MemoryStats {
   std::int64_t free_unmapped_bytes = 0; // chunks held but not mapped
   std::int64_t partial_page_bytes = 0;  // free bytes in pages shared with live large blocks
   std::int64_t small_slack_bytes = 0;   // free slots and rounding inside small-class slabs
+  std::int64_t pending_free_bytes = 0;  // freed blocks held until other streams catch up
+                                        // (record_stream): active, no longer allocated
 
   // Another engine's figures on the same device added into these (a device's engine and its
   // private pools, read as one): counts, bytes and times summed, peaks too, which gives an upper

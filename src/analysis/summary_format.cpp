@@ -116,6 +116,7 @@ void gmem_rows(Table& table, const MemoryStats& stats, const std::vector<TopAllo
   row("  chunks not mapped", stats.free_unmapped_bytes, percent(stats.free_unmapped_bytes, unallocated));
   row("  partial pages", stats.partial_page_bytes, percent(stats.partial_page_bytes, unallocated));
   row("  small-class slack", stats.small_slack_bytes, percent(stats.small_slack_bytes, unallocated));
+  row("  held for streams", stats.pending_free_bytes, percent(stats.pending_free_bytes, unallocated));
   row("Largest free range", stats.largest_free_range, "mapped, ready for one allocation");
   table.line(" " + pad("Chunks held / mapped", 21) + " | " + std::to_string(stats.chunks_held) + " / " +
              std::to_string(stats.chunks_mapped) + ", " + format_bytes(static_cast<std::uint64_t>(stats.granularity)) +
@@ -239,6 +240,7 @@ std::string summary_json(const MemoryStats& stats, const std::vector<TopAllocati
       .field("free_unmapped", stats.free_unmapped_bytes)
       .field("partial_pages", stats.partial_page_bytes)
       .field("small_slack", stats.small_slack_bytes)
+      .field("held_for_streams", stats.pending_free_bytes)
       .end_object();
   w.field("largest_free_range", stats.largest_free_range);
   w.key("top").begin_array();

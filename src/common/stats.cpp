@@ -45,6 +45,7 @@ constexpr std::pair<std::string_view, Scalar> kScalars[] = {
     {"gmem.free_unmapped_bytes", &MemoryStats::free_unmapped_bytes},
     {"gmem.partial_page_bytes", &MemoryStats::partial_page_bytes},
     {"gmem.small_slack_bytes", &MemoryStats::small_slack_bytes},
+    {"gmem.pending_free_bytes", &MemoryStats::pending_free_bytes},
 };
 
 constexpr std::pair<std::string_view, PoolStats MemoryStats::*> kPooled[] = {

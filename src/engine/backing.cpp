@@ -284,24 +284,25 @@ Backing::Taken Backing::take_placed(const Placement& place_at, std::size_t bytes
   return taken;
 }
 
-void Backing::unref_range(std::uint32_t arena, const RangeNode& n) {
+void Backing::unref_range(std::uint32_t arena, const RangeNode& n, std::uint64_t freed_at) {
   if (planner_.active()) [[unlikely]] {
     planner_.released(n.addr);
     if (arena == plan_arena_) plan_region_.remove(n.addr);
   }
-  unref_pages(arena, n.addr, n.size, streams_.progress.stamp(arenas_[arena]->stream));
+  unref_pages(arena, n.addr, n.size, freed_at);
 }
 
-void Backing::release_range(std::uint32_t arena, NodeId node) {
+void Backing::release_range(std::uint32_t arena, NodeId node, std::uint64_t freed_at) {
   RangeAllocator& ranges = arenas_[arena]->ranges;
-  unref_range(arena, ranges.node(node));
+  unref_range(arena, ranges.node(node), freed_at);
   ranges.release(node);
 }
 
-void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth) {
-  if (arena == plan_arena_ || stable_pages_) return release_range(arena, node);
+void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth,
+                         std::uint64_t freed_at) {
+  if (arena == plan_arena_ || stable_pages_) return release_range(arena, node, freed_at);
   const RangeNode& n = arenas_[arena]->ranges.node(node);
-  unref_range(arena, n);
+  unref_range(arena, n, freed_at);
   if (const std::optional<KeptPlaces::Place> older = kept_.keep(n.size, birth, {arena, node, n.addr}, clock_))
     release_kept(*older);
   expire_kept();
@@ -316,8 +317,10 @@ void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes
   auto put = [&](std::size_t i, auto in_runs) {  // in_runs: std::true_type while runs exist
     Page& p = pages.at(i);
     if constexpr (decltype(in_runs)::value) settle(p);
+    // The latest of its blocks' frees: a free held back for other streams comes stamped when it
+    // was made, maybe before a neighbour's on the same page.
+    p.free_seq = std::max(p.free_seq, stamp);
     if (--p.refs == 0) {
-      p.free_seq = stamp;
       --used_pages_;
       if (!p.mapped()) return;  // a failed malloc's rollback
       ++free_pages_;

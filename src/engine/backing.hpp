@@ -118,11 +118,21 @@ class Backing {
     if (plannable && planner_.active()) [[unlikely]] return take_planned(si, bytes, requested);
     return take_online(si, bytes, requested);
   }
-  void release_range(std::uint32_t arena, NodeId node);
+  // A free on arena `arena`'s stream: its stamp (StreamTracker::stamp), which release_range and
+  // keep_range take, so that a free held back for other streams can be stamped when it was made.
+  std::uint64_t free_stamp(std::uint32_t arena) {
+    return streams_.progress.stamp(arenas_[arena]->stream);
+  }
+  // free_stamp for a block other streams hold back (record_stream): an event marks the free.
+  std::uint64_t held_free_stamp(std::uint32_t arena) {
+    return streams_.progress.stamp_marked(arenas_[arena]->stream);
+  }
+  // The used range `node` goes back, freed on its stream at `freed_at` (free_stamp).
+  void release_range(std::uint32_t arena, NodeId node, std::uint64_t freed_at);
   // release_range for a block whose place a CUDA graph may have captured (kept_places.hpp): its
   // pages are given back, its range is kept for the next malloc of its size on its stream.
   // `birth`: Record::birth, the order the blocks were made in.
-  void keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth);
+  void keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth, std::uint64_t freed_at);
   // The used range [addr, addr + bytes) in the arena that holds it, backed by mapped pages, as
   // take_range's; kNoNode in the result's node when that range is not all free (nothing changed).
   // What Engine::malloc_at puts a block back with.
@@ -202,9 +212,9 @@ class Backing {
   // take_online while places are kept: the earliest-born kept place of `bytes`, if any.
   Taken take_kept(std::uint32_t si, std::size_t bytes, std::size_t requested);
   void release_kept(const KeptPlaces::Place& place) { arenas_[place.arena]->ranges.release(place.node); }
-  // A used range's pages go back (stamped on its stream; the planner told), the range stays
-  // used: release_range and keep_range, which then free or keep it.
-  void unref_range(std::uint32_t arena, const RangeNode& n);
+  // A used range's pages go back (freed at `freed_at` on its stream; the planner told), the
+  // range stays used: release_range and keep_range, which then free or keep it.
+  void unref_range(std::uint32_t arena, const RangeNode& n, std::uint64_t freed_at);
   // Gives back the kept places that expired by now (KeptPlaces::expire), or all of them.
   void expire_kept(bool all = false) {
     kept_.expire(clock_, [this](const KeptPlaces::Place& p) { release_kept(p); }, all);

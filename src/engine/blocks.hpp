@@ -58,10 +58,11 @@ class CrossStreamFrees {
 
   // The shared block at `ptr` is freed: records an event on each of its other streams and keeps
   // the block until they complete; while events are held, the block waits with none recorded.
-  // On a device error nothing has changed.
-  void defer(DevicePtr ptr, const Record& record) {
+  // `freed_at`: the free's stamp on the block's own stream (Backing::free_stamp), handed back
+  // with the block. On a device error nothing has changed.
+  void defer(DevicePtr ptr, const Record& record, std::uint64_t freed_at) {
     auto it = users_.find(ptr);
-    PendingFree pending{ptr, record, {}, std::move(it->second)};
+    PendingFree pending{ptr, record, freed_at, {}, std::move(it->second)};
     users_.erase(it);
     try {
       if (!holding_) record_events(pending);
@@ -80,7 +81,7 @@ class CrossStreamFrees {
 
   bool empty() const { return pending_.empty(); }
 
-  // Calls release(ptr, record) for each pending free whose streams have all caught up (with
+  // Calls release(ptr, record, freed_at) for each pending free whose streams have all caught up (with
   // `wait`, after waiting for them), and forgets it. Frees held through a capture get their
   // events here. Does nothing while events are held.
   template <class Release>
@@ -105,7 +106,7 @@ class CrossStreamFrees {
         device_.destroy_event(p.events.back());
         p.events.pop_back();
       }
-      release(p.ptr, p.record);
+      release(p.ptr, p.record, p.freed_at);
       pending_[i] = std::move(pending_.back());
       pending_.pop_back();
     }
@@ -121,6 +122,7 @@ class CrossStreamFrees {
   struct PendingFree {
     DevicePtr ptr;
     Record record;
+    std::uint64_t freed_at;  // its stamp on the block's own stream
     std::vector<EventHandle> events;
     std::vector<StreamId> streams;  // its other streams, until their events are recorded
   };

@@ -142,9 +142,17 @@ void Engine::Impl::free(void* p) {
   std::lock_guard lock(mutex_);
   Record record;
   if (!live_.take(ptr, record)) throw_bad_free("free", ptr);
+  // A range's free is stamped now, on its stream, even when other streams hold it back (with an
+  // event then): its own stream's work up to here is all that must be done with it there.
+  // Stamped when released, a side stream's block (a prefetched batch, streamed weights) waited
+  // for the work that stream queued meanwhile too, before another stream or an unmap could have
+  // its pages.
+  const std::uint64_t freed_at = record.in_slab ? 0
+                                 : record.shared ? backing_.held_free_stamp(record.arena)
+                                                 : backing_.free_stamp(record.arena);
   if (record.shared) {
     try {
-      cross_stream_.defer(ptr, record);  // reused once its other streams have caught up
+      cross_stream_.defer(ptr, record, freed_at);  // reused once its other streams have caught up
     } catch (...) {
       live_.insert(ptr, record);  // the driver failed: the block stays live, the free can be retried
       throw;
@@ -153,14 +161,14 @@ void Engine::Impl::free(void* p) {
   if (observer_) observer_->on_free(ptr, record.size, record.stream, record.tag, context);
   accounting_.count_free(record);
   recent_frees_.note(ptr);
-  if (!record.shared) release_record(ptr, record);
+  if (!record.shared) release_record(ptr, record, freed_at);
 }
 
-void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
+void Engine::Impl::release_record(DevicePtr ptr, const Record& record, std::uint64_t freed_at) {
   accounting_.count_release(record);
   if (!record.in_slab) {
-    if (record.keep_place) [[unlikely]] backing_.keep_range(record.arena, record.id, record.birth);
-    else backing_.release_range(record.arena, record.id);
+    if (record.keep_place) [[unlikely]] backing_.keep_range(record.arena, record.id, record.birth, freed_at);
+    else backing_.release_range(record.arena, record.id, freed_at);
     return;
   }
   if (!slabs_.free(record.id, ptr)) [[likely]] return;
@@ -173,13 +181,15 @@ void Engine::Impl::release_record(DevicePtr ptr, const Record& record) {
 void Engine::Impl::release_slab(detail::SlabId id) {
   const detail::Slab& slab = slabs_.slab(id);
   const auto bytes = static_cast<std::int64_t>(slab.bytes());
-  backing_.release_range(slab.arena, slab.node);
+  backing_.release_range(slab.arena, slab.node, backing_.free_stamp(slab.arena));
   slabs_.remove(id);
   accounting_.move_reserved_to_small(-bytes);
 }
 
 void Engine::Impl::process_pending(bool wait) {
-  cross_stream_.process(wait, [this](DevicePtr ptr, const Record& record) { release_record(ptr, record); });
+  cross_stream_.process(wait, [this](DevicePtr ptr, const Record& record, std::uint64_t freed_at) {
+    release_record(ptr, record, freed_at);
+  });
 }
 
 // --- the slow paths that Backing asks for, and the rest of the API -------------------------------

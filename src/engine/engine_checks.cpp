@@ -54,6 +54,8 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   s.partial_page_bytes = used * gran - static_cast<std::int64_t>(acc.range_bytes) - slab_bytes;
   s.small_slack_bytes = slab_bytes - (acc.stats.active_bytes[kSmallPool].current -
                                       static_cast<std::int64_t>(acc.small_range_bytes));
+  s.pending_free_bytes = acc.stats.active_bytes[kAllPools].current -
+                         acc.stats.allocated_bytes[kAllPools].current;
   if (!derived) return s;
 
   s.largest_free_range = static_cast<std::int64_t>(backing_.largest_free_range());

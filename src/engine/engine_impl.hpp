@@ -103,7 +103,9 @@ class Engine::Impl final : private detail::BackingClient {
   DevicePtr note_range(const detail::Backing::Taken& range, detail::Record& record);
   // A block taken (malloc, malloc_at): observed, listed live, counted.
   void* hand_out(DevicePtr ptr, detail::Record& record, std::uint32_t context);
-  void release_record(DevicePtr ptr, const detail::Record& record);
+  // The freed block's memory goes back: a range's pages as freed on its stream at `freed_at`
+  // (Backing::free_stamp, taken when the program freed it).
+  void release_record(DevicePtr ptr, const detail::Record& record, std::uint64_t freed_at);
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
   void process_pending(bool wait);
   void capture_begins_if(StreamId stream);  // a pool's first malloc in a capture (set_capturing)

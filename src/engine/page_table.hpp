@@ -41,7 +41,7 @@ struct Page {
   // In one of Backing's page runs: refs, free_seq, last_use and reuse are the run's (this
   // page's are stale), and last_use holds the run's index (page_runs.hpp).
   std::uint32_t in_run : 1 = 0;
-  std::uint64_t free_seq = 0;  // the arena's stream's free stamp when refs last fell to 0
+  std::uint64_t free_seq = 0;  // the latest free stamp (the arena's stream's) of the blocks on it
   // When the page was last taken into use and how long before that the previous time, on the
   // engine's clock of ranges taken: the page's next use is due at about last_use + reuse.
   std::uint32_t last_use = 0;

@@ -40,8 +40,13 @@ void StreamTracker::record(std::uint32_t index) {
 }
 
 void StreamTracker::mark(std::uint32_t index) noexcept {
-  if (capturing_) return;  // an event recorded into a capture is no progress of its stream
+  if (capturing_) return;
   if (++streams_[index].marks_since_wait >= kMarksWithoutWait) streams_[index].marking = false;
+  record_mark(index);
+}
+
+void StreamTracker::record_mark(std::uint32_t index) noexcept {
+  if (capturing_) return;  // an event recorded into a capture is no progress of its stream
   try {
     // Marks nobody waits on are polled here, so that at most kMaxMarks stay pending.
     while (!streams_[index].pending.empty()) {

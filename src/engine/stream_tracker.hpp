@@ -39,6 +39,15 @@ class StreamTracker {
     if (s.marking && seq % kMarkEvery == 0) [[unlikely]] mark(index);
     return seq;
   }
+  // stamp() for a free whose memory other streams hold back for a while (record_stream), with an
+  // event recorded right after it (none during a capture, or with kMaxMarks pending): once they
+  // let the memory go, whether this stream is done with it is known from the free itself, not
+  // from the first event recorded after the work queued since (a side stream's next copies).
+  std::uint64_t stamp_marked(std::uint32_t index) {
+    const std::uint64_t seq = ++streams_[index].seq;
+    record_mark(index);
+    return seq;
+  }
   // Whether the work on stream `index` up to free `seq` is known to be done (no device call).
   bool done(std::uint32_t index, std::uint64_t seq) const { return seq <= streams_[index].completed; }
   // Whether the work stream `waiter` submits from now on runs after stream `index`'s work up to
@@ -109,9 +118,12 @@ class StreamTracker {
   bool untouchable(std::uint32_t index) {
     return capturing_ && device_.stream_capturing(streams_[index].stream);
   }
-  // Records an event covering the stream's frees so far, after completing the pending events
-  // that are done; skipped (never throws) when kMaxMarks are pending or the device fails.
+  // A mark of stamp(): counted towards kMarksWithoutWait, then record_mark.
   void mark(std::uint32_t index) noexcept;
+  // Records an event covering the stream's frees so far, after completing the pending events
+  // that are done; skipped (never throws) during a capture, when kMaxMarks are pending or when
+  // the device fails.
+  void record_mark(std::uint32_t index) noexcept;
   // Records an event covering every free so far, unless the newest pending one does.
   void record(std::uint32_t index);
   // The oldest pending event covering free `seq` of stream `index`, recorded if none is.

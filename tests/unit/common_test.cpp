@@ -89,7 +89,7 @@ TEST(Stats, FlattensUnderPyTorchNames) {
   const auto flat = stats.flatten();
   std::map<std::string, std::int64_t> by_name(flat.begin(), flat.end());
   EXPECT_EQ(by_name.size(), flat.size()) << "names must be unique";
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 5 + 30);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 5 + 31);
   EXPECT_EQ(flat.front().first, "allocated_bytes.all.current");
 
   EXPECT_EQ(by_name.at("allocated_bytes.all.current"), 3072);
@@ -119,7 +119,8 @@ TEST(Stats, FlattensUnderPyTorchNames) {
                            "gmem.chunks_held", "gmem.chunks_mapped", "gmem.memory_limit",
                            "gmem.largest_free_range", "gmem.device_total_bytes", "gmem.device_free_bytes",
                            "gmem.outside_bytes", "gmem.free_mapped_bytes",
-                           "gmem.free_unmapped_bytes", "gmem.partial_page_bytes"}) {
+                           "gmem.free_unmapped_bytes", "gmem.partial_page_bytes",
+                           "gmem.small_slack_bytes", "gmem.pending_free_bytes"}) {
     EXPECT_EQ(by_name.count(name), 1u) << name;
   }
 }

@@ -833,6 +833,36 @@ TEST(Engine, RecordStreamHoldsTheBlockUntilThatStreamCaughtUp) {
   engine.check_invariants();
 }
 
+// A block a side stream made and the compute stream used (streamed weights, a prefetched batch)
+// is its side stream's to reuse from the free on, once the compute stream lets it go: the side
+// stream's copies queued after the free do not hold its pages back from another stream.
+TEST(Engine, ABlockHeldForAnotherStreamIsDoneOnItsOwnStreamFromItsFree) {
+  SimulatedDevice device(device_of(8 * MiB, /*immediate=*/false));
+  Engine engine(device);
+  constexpr StreamId compute = 0, side = 5;
+  void* weights = engine.malloc(8 * MiB, side);
+  device.submit_work(side);  // the copy in
+  engine.record_stream(weights, compute);
+  device.submit_work(compute);  // the layer that reads it
+  device.complete_stream(side);
+  engine.free(weights);
+  MemoryStats s = engine.stats();
+  EXPECT_EQ(s.pending_free_bytes, static_cast<std::int64_t>(8 * MiB));
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current - s.allocated_bytes[kAllPools].current,
+            s.free_mapped_bytes + s.free_unmapped_bytes + s.partial_page_bytes +
+                s.small_slack_bytes + s.pending_free_bytes);
+  device.submit_work(side);  // the next layer's copy, queued after the free
+  device.complete_stream(compute);
+  const std::uint64_t waits = device.calls(DeviceCall::synchronize_event);
+  const std::uint64_t handovers = device.calls(DeviceCall::wait_event);
+  void* activations = engine.malloc(8 * MiB, compute);  // the whole device: the weights' chunks
+  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), waits) << "waited for the next copy";
+  EXPECT_EQ(device.calls(DeviceCall::wait_event), handovers) << "ordered after the next copy";
+  EXPECT_EQ(engine.stats().pending_free_bytes, 0);
+  engine.free(activations);
+  engine.check_invariants();
+}
+
 TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
   // Under CUDA graph capture an event query invalidates the capture (gmem.torch's pools failed
   // so on the H100 when a block used on a captured side stream was freed inside the capture).

@@ -122,7 +122,8 @@ TEST(Summary, JsonHasEveryStatisticAndTheCausesAddUp) {
     EXPECT_NE(json.find("\"" + name + "\":" + std::to_string(value)), std::string::npos) << name;
   const std::int64_t unallocated = stats.reserved_bytes[kAllPools].current - stats.allocated_bytes[kAllPools].current;
   EXPECT_NE(json.find("\"reserved_unallocated\":{\"total\":" + std::to_string(unallocated)), std::string::npos);
-  EXPECT_EQ(stats.free_mapped_bytes + stats.free_unmapped_bytes + stats.partial_page_bytes + stats.small_slack_bytes,
+  EXPECT_EQ(stats.free_mapped_bytes + stats.free_unmapped_bytes + stats.partial_page_bytes + stats.small_slack_bytes +
+                stats.pending_free_bytes,
             unallocated);
   EXPECT_NE(json.find("\"top\":[{\"site\":\"a.py:1:f\",\"bytes\":512,\"count\":1,\"largest\":512}]"), std::string::npos);
 }
@@ -247,7 +248,8 @@ TEST(TraceSummary, TotalsAreTheSumsOfTheirPartsInEveryTrace) {
         EXPECT_EQ(p[kAllPools].freed, p[kSmallPool].freed + p[kLargePool].freed) << where;
       }
       EXPECT_EQ(st.reserved_bytes[kAllPools].current - st.allocated_bytes[kAllPools].current,
-                st.free_mapped_bytes + st.free_unmapped_bytes + st.partial_page_bytes + st.small_slack_bytes)
+                st.free_mapped_bytes + st.free_unmapped_bytes + st.partial_page_bytes + st.small_slack_bytes +
+                    st.pending_free_bytes)
           << where;
       EXPECT_EQ(st.segment[kLargePool].current, st.chunks_held) << where;
       EXPECT_EQ(st.reserved_bytes[kAllPools].current, st.chunks_held * st.granularity) << where;
