@@ -56,10 +56,11 @@ struct EngineOptions {
   // Memory another stream freed and may still use (its kernels not known to be done) goes to a
   // stream that needs it, that stream made to wait for them on the GPU (cuStreamWaitEvent), as
   // cudaMallocAsync's pools do by default (cudaMemPoolReuseAllowInternalDependencies): no new
-  // memory, no host wait, at the cost of an ordering between the two streams' work. Off, such
-  // memory moves only once its stream is known to be done, and a stream that cannot wait for
-  // it gets new memory (or, under the limit, the host waits). docs/engine.md, "Memory handed
-  // between streams".
+  // memory, no host wait, at the cost of an ordering between the two streams' work. So do the
+  // blocks a stream freed that other streams still use (record_stream), once that stream needs
+  // memory. Off, such memory moves only once its streams are known to be done, and a stream
+  // that cannot wait for it gets new memory (or, under the limit, the host waits).
+  // docs/engine.md, "Memory handed between streams".
   bool stream_handovers = true;
 };
 

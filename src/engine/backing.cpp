@@ -707,6 +707,14 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
       return c;
     }
   }
+  // Blocks this stream freed that other streams still hold (record_stream): this stream made to
+  // wait for them on the GPU, their memory is its own again, as the next free of it would be.
+  if (handovers_ && client_.hand_over_held(streams_.progress.stream(stream)) > 0) {
+    if (const ChunkId c = steal_free_chunk(stream, Steal::ready); c != kNoChunk) {
+      stage = std::max(stage, int{kStitched});
+      return c;
+    }
+  }
   if (const ChunkId c = create_chunk(); c != kNoChunk) return c;
   // Pressure: wait for other streams to release their free chunks, then give back empty slabs
   // and frees pending on other streams.

@@ -56,6 +56,10 @@ class BackingClient {
   virtual void arena_added() = 0;
   // Memory is short: give back empty slabs and the frees that wait on other streams.
   virtual void reclaim() = 0;
+  // Stream `stream`'s frees held for other streams (record_stream) whose events are recorded:
+  // makes `stream` wait for those events on the GPU and gives them back as its frees from now
+  // on (a handover, no host wait). Returns how many went back; none during a capture.
+  virtual std::size_t hand_over_held(StreamId stream) = 0;
   // The engine's lock around a malloc's device calls (its creates, maps, set-access calls, clash
   // unmaps and waits for its stream; see Backing::map_missing). without_lock releases it while
   // `calls` runs (device calls only: no engine state; never throws) and takes it again;

@@ -112,6 +112,33 @@ class CrossStreamFrees {
     }
   }
 
+  // The pending frees of blocks of `stream` whose events are recorded: makes `stream` wait for
+  // each event on the GPU (Device::wait_event), then calls release(ptr, record, freed_at) and
+  // forgets it. Returns how many went; none while events are held. On a device error the frees
+  // not yet released stay pending (the waits made do no harm).
+  template <class Release>
+  std::size_t hand_over(StreamId stream, Release&& release) {
+    if (holding_) return 0;
+    std::size_t released = 0;
+    for (std::size_t i = 0; i < pending_.size();) {
+      PendingFree& p = pending_[i];
+      if (p.record.stream != stream || !p.streams.empty()) {
+        ++i;
+        continue;
+      }
+      for (EventHandle e : p.events) device_.wait_event(stream, e);
+      while (!p.events.empty()) {
+        device_.destroy_event(p.events.back());
+        p.events.pop_back();
+      }
+      release(p.ptr, p.record, p.freed_at);
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+      ++released;
+    }
+    return released;
+  }
+
   // Calls visit(record) for each pending free.
   template <class Visit>
   void for_each_pending(Visit&& visit) const {

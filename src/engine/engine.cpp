@@ -198,6 +198,16 @@ void Engine::Impl::release_spare_slabs() {
   for (detail::SlabId id : slabs_.take_spares()) release_slab(id);
 }
 
+std::size_t Engine::Impl::hand_over_held(StreamId stream) {
+  // Stamped after the waits: another stream that takes this memory later is ordered after
+  // them through this stream (StreamTracker::ordered).
+  const std::size_t released = cross_stream_.hand_over(stream, [this](DevicePtr ptr, const Record& record, std::uint64_t) {
+    release_record(ptr, record, record.in_slab ? 0 : backing_.free_stamp(record.arena));
+  });
+  accounting_.stats.num_stream_handovers += static_cast<std::int64_t>(released);
+  return released;
+}
+
 void Engine::Impl::reclaim() {
   release_spare_slabs();
   if (!cross_stream_.empty()) process_pending(true);

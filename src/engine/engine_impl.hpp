@@ -115,6 +115,7 @@ class Engine::Impl final : private detail::BackingClient {
   // BackingClient
   void arena_added() override { slabs_.add_arena(); }
   void reclaim() override;
+  std::size_t hand_over_held(StreamId stream) override;
   void without_lock(const std::function<void()>& calls) override;
   void wait_for_landing() override;
   void landed() override { landed_.notify_all(); }

@@ -107,3 +107,36 @@ TEST(EngineFailure, DeviceOutOfMemoryDuringGrowthFallsBackToStitching) {
 
 }  // namespace
 }  // namespace gmem
+
+namespace gmem {
+namespace {
+
+// A held free handed back to its stream (record_stream, the device full): should the stream's
+// wait for the other stream fail, the malloc reports it, the free stays held, nothing leaks, and
+// the next malloc hands it over.
+TEST(EngineFailure, AFailedWaitLeavesAHeldFreeHeld) {
+  SimDeviceOptions o;
+  o.capacity = 8 * MiB;
+  o.streams_complete_immediately = false;
+  SimulatedDevice device(o);
+  Engine engine(device);
+  constexpr StreamId compute = 0, side = 5;
+  void* p = engine.malloc(8 * MiB, compute);
+  engine.record_stream(p, side);
+  device.submit_work(side);
+  engine.free(p);
+  device.fail_call(DeviceCall::wait_event, 1);
+  EXPECT_THROW(engine.malloc(8 * MiB, compute), DeviceError);
+  engine.check_invariants();
+  EXPECT_EQ(engine.stats().pending_free_bytes, static_cast<std::int64_t>(8 * MiB));
+  void* q = engine.malloc(8 * MiB, compute);
+  EXPECT_TRUE(device.ordered_after(compute, side, device.submitted(side)));
+  EXPECT_EQ(engine.stats().pending_free_bytes, 0);
+  engine.free(q);
+  engine.empty_cache();
+  EXPECT_EQ(device.chunk_bytes(), 0u);
+  engine.check_invariants();
+}
+
+}  // namespace
+}  // namespace gmem

@@ -863,6 +863,37 @@ TEST(Engine, ABlockHeldForAnotherStreamIsDoneOnItsOwnStreamFromItsFree) {
   engine.check_invariants();
 }
 
+// A block its stream freed while another stream still reads it (record_stream), and the
+// device full: the freeing stream's next malloc is made to wait for the other stream on the
+// GPU and takes the memory back, where it used to wait on the host (or create a chunk).
+void held_free_taken_back(bool handovers) {
+  SimulatedDevice device(device_of(8 * MiB, /*immediate=*/false));
+  Engine engine(device, EngineOptions{.stream_handovers = handovers});
+  constexpr StreamId compute = 0, side = 5;
+  void* p = engine.malloc(8 * MiB, compute);
+  engine.record_stream(p, side);
+  device.submit_work(side);  // a copy out of p, still running
+  const std::uint64_t copy = device.submitted(side);
+  engine.free(p);
+  void* q = engine.malloc(8 * MiB, compute);  // the whole device: p's memory
+  EXPECT_TRUE(device.ordered_after(compute, side, copy));
+  const MemoryStats s = engine.stats();
+  EXPECT_EQ(s.pending_free_bytes, 0);
+  if (handovers) {
+    EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u) << "a host wait";
+    EXPECT_EQ(device.calls(DeviceCall::wait_event), 1u);
+    EXPECT_EQ(s.num_stream_handovers, 1);
+  } else {
+    EXPECT_GT(device.calls(DeviceCall::synchronize_event), 0u);
+    EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
+  }
+  engine.free(q);
+  engine.check_invariants();
+}
+
+TEST(Engine, AHeldFreeGoesBackToItsStreamMadeToWaitOnTheGpu) { held_free_taken_back(true); }
+TEST(Engine, WithoutHandoversAHeldFreeIsWaitedForOnTheHost) { held_free_taken_back(false); }
+
 TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
   // Under CUDA graph capture an event query invalidates the capture (gmem.torch's pools failed
   // so on the H100 when a block used on a captured side stream was freed inside the capture).
