@@ -458,6 +458,26 @@ TEST_F(GpuTest, MemoryAStreamMayStillUseIsHandedOverWithoutAHostWait) {
   engine.check_invariants();
 }
 
+// A block stream A made and stream B still writes (record_stream), freed, and A needs memory (the
+// limit leaves no other): A is made to wait for B on the GPU and takes the block back. The
+// malloc returns while B's kernel still runs, and A's write lands after B's.
+TEST_F(GpuTest, AHeldFreeGoesBackToItsStreamWithoutAHostWait) {
+  Engine& engine = make_engine(EngineOptions{.memory_limit = 8 * kMiB});
+  void* first = engine.malloc(8 * kMiB, id(a_));
+  engine.record_stream(first, id(b_));
+  delayed_fill(first, 8 * kMiB, 1, b_, kDelayNs);
+  engine.free(first);
+  void* second = engine.malloc(8 * kMiB, id(a_));
+  EXPECT_EQ(cudaStreamQuery(b_), cudaErrorNotReady) << "the host waited for stream B";
+  EXPECT_GT(engine.stats().num_stream_handovers, 0);
+  EXPECT_EQ(engine.stats().pending_free_bytes, 0);
+  fill(second, 8 * kMiB, 2, a_);
+  GPU_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(mismatches(second, 8 * kMiB, 2), 0u) << "stream B's late write landed in A's block";
+  engine.free(second);
+  engine.check_invariants();
+}
+
 INSTANTIATE_TEST_SUITE_P(SmallAndLarge, CrossStream,
                          ::testing::Values(std::size_t{4096}, 8 * kMiB));
 
