@@ -81,8 +81,8 @@ class CrossStreamFrees {
 
   bool empty() const { return pending_.empty(); }
 
-  // Calls release(ptr, record, freed_at) for each pending free whose streams have all caught up (with
-  // `wait`, after waiting for them), and forgets it. Frees held through a capture get their
+  // Calls release(ptr, record, freed_at) for each pending free whose streams have all caught up
+  // (with `wait`, after waiting for them), and forgets it. Frees held through a capture get their
   // events here. Does nothing while events are held.
   template <class Release>
   void process(bool wait, Release&& release) {
@@ -95,20 +95,8 @@ class CrossStreamFrees {
         if (wait) device_.synchronize_event(e);
         else if (!device_.query_event(e)) done = false;
       }
-      if (!done) {
-        ++i;
-        continue;
-      }
-      // Each event leaves the list once destroyed: should a destroy fail, the list keeps only
-      // live events, and the next call polls and destroys those (a destroyed one would fail
-      // forever).
-      while (!p.events.empty()) {
-        device_.destroy_event(p.events.back());
-        p.events.pop_back();
-      }
-      release(p.ptr, p.record, p.freed_at);
-      pending_[i] = std::move(pending_.back());
-      pending_.pop_back();
+      if (done) finish(i, release);
+      else ++i;
     }
   }
 
@@ -127,13 +115,7 @@ class CrossStreamFrees {
         continue;
       }
       for (EventHandle e : p.events) device_.wait_event(stream, e);
-      while (!p.events.empty()) {
-        device_.destroy_event(p.events.back());
-        p.events.pop_back();
-      }
-      release(p.ptr, p.record, p.freed_at);
-      pending_[i] = std::move(pending_.back());
-      pending_.pop_back();
+      finish(i, release);
       ++released;
     }
     return released;
@@ -153,6 +135,21 @@ class CrossStreamFrees {
     std::vector<EventHandle> events;
     std::vector<StreamId> streams;  // its other streams, until their events are recorded
   };
+  // Pending free `i` is over: its events go, release(ptr, record, freed_at) is called, and the
+  // free is forgotten (the last one takes its place). Each event leaves the list once
+  // destroyed: should a destroy fail, the list keeps only live events, and the next call polls
+  // and destroys those (a destroyed one would fail forever).
+  template <class Release>
+  void finish(std::size_t i, Release& release) {
+    PendingFree& p = pending_[i];
+    while (!p.events.empty()) {
+      device_.destroy_event(p.events.back());
+      p.events.pop_back();
+    }
+    release(p.ptr, p.record, p.freed_at);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+  }
   // An event on each of the free's streams; on a device error none is left recorded.
   void record_events(PendingFree& p) {
     std::vector<EventHandle> events;

@@ -167,7 +167,8 @@ void Engine::Impl::free(void* p) {
 void Engine::Impl::release_record(DevicePtr ptr, const Record& record, std::uint64_t freed_at) {
   accounting_.count_release(record);
   if (!record.in_slab) {
-    if (record.keep_place) [[unlikely]] backing_.keep_range(record.arena, record.id, record.birth, freed_at);
+    if (record.keep_place) [[unlikely]]
+      backing_.keep_range(record.arena, record.id, record.birth, freed_at);
     else backing_.release_range(record.arena, record.id, freed_at);
     return;
   }
@@ -201,9 +202,10 @@ void Engine::Impl::release_spare_slabs() {
 std::size_t Engine::Impl::hand_over_held(StreamId stream) {
   // Stamped after the waits: another stream that takes this memory later is ordered after
   // them through this stream (StreamTracker::ordered).
-  const std::size_t released = cross_stream_.hand_over(stream, [this](DevicePtr ptr, const Record& record, std::uint64_t) {
+  auto release = [this](DevicePtr ptr, const Record& record, std::uint64_t /*freed_at*/) {
     release_record(ptr, record, record.in_slab ? 0 : backing_.free_stamp(record.arena));
-  });
+  };
+  const std::size_t released = cross_stream_.hand_over(stream, release);
   accounting_.stats.num_stream_handovers += static_cast<std::int64_t>(released);
   return released;
 }
