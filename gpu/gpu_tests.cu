@@ -439,43 +439,43 @@ TEST_P(CrossStream, SameStreamReusesAtOnceAndDataStaysOrdered) {
   engine.free(second);
 }
 
-// Memory a stream freed while its kernel still runs, needed by another stream (the limit leaves
-// no other): handed over, the taker made to wait for the kernel on the GPU (cuStreamWaitEvent).
-// The malloc returns while the kernel still runs, and the taker's write lands after the kernel's.
+// An 8 MiB block was freed while `busy`'s 0.3 s kernel still writes it, and the limit (8 MiB)
+// leaves no other memory: `taker`'s malloc is handed that block, made to wait for the kernel on
+// the GPU (cuStreamWaitEvent). The malloc returns while the kernel still runs, and the taker's
+// write lands after the kernel's.
+void expect_handed_over_without_a_host_wait(Engine& engine, cudaStream_t busy,
+                                            cudaStream_t taker) {
+  void* second = engine.malloc(8 * kMiB, id(taker));
+  EXPECT_EQ(cudaStreamQuery(busy), cudaErrorNotReady) << "the host waited for the busy stream";
+  EXPECT_GT(engine.stats().num_stream_handovers, 0);
+  EXPECT_EQ(engine.stats().num_sync_all_streams, 0);
+  fill(second, 8 * kMiB, 2, taker);
+  GPU_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(mismatches(second, 8 * kMiB, 2), 0u)
+      << "the busy stream's late write landed in the taker's block";
+  engine.free(second);
+  engine.check_invariants();
+}
+
+// Memory a stream freed while its kernel still runs, needed by another stream.
 TEST_F(GpuTest, MemoryAStreamMayStillUseIsHandedOverWithoutAHostWait) {
   Engine& engine = make_engine(EngineOptions{.memory_limit = 8 * kMiB});
   void* first = engine.malloc(8 * kMiB, id(a_));
   delayed_fill(first, 8 * kMiB, 1, a_, kDelayNs);
   engine.free(first);
-  void* second = engine.malloc(8 * kMiB, id(b_));
-  EXPECT_EQ(cudaStreamQuery(a_), cudaErrorNotReady) << "the host waited for stream A";
-  EXPECT_GT(engine.stats().num_stream_handovers, 0);
-  EXPECT_EQ(engine.stats().num_sync_all_streams, 0);
-  fill(second, 8 * kMiB, 2, b_);
-  GPU_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(mismatches(second, 8 * kMiB, 2), 0u) << "stream A's late write landed in B's block";
-  engine.free(second);
-  engine.check_invariants();
+  expect_handed_over_without_a_host_wait(engine, a_, b_);
 }
 
-// A block stream A made and stream B still writes (record_stream), freed, and A needs memory (the
-// limit leaves no other): A is made to wait for B on the GPU and takes the block back. The
-// malloc returns while B's kernel still runs, and A's write lands after B's.
+// A block stream A made and stream B still writes (record_stream), freed, and A needs memory:
+// A is made to wait for B and takes the block back.
 TEST_F(GpuTest, AHeldFreeGoesBackToItsStreamWithoutAHostWait) {
   Engine& engine = make_engine(EngineOptions{.memory_limit = 8 * kMiB});
   void* first = engine.malloc(8 * kMiB, id(a_));
   engine.record_stream(first, id(b_));
   delayed_fill(first, 8 * kMiB, 1, b_, kDelayNs);
   engine.free(first);
-  void* second = engine.malloc(8 * kMiB, id(a_));
-  EXPECT_EQ(cudaStreamQuery(b_), cudaErrorNotReady) << "the host waited for stream B";
-  EXPECT_GT(engine.stats().num_stream_handovers, 0);
+  expect_handed_over_without_a_host_wait(engine, b_, a_);
   EXPECT_EQ(engine.stats().pending_free_bytes, 0);
-  fill(second, 8 * kMiB, 2, a_);
-  GPU_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(mismatches(second, 8 * kMiB, 2), 0u) << "stream B's late write landed in A's block";
-  engine.free(second);
-  engine.check_invariants();
 }
 
 INSTANTIATE_TEST_SUITE_P(SmallAndLarge, CrossStream,

@@ -7,6 +7,7 @@
 
 #include "gmem/engine.hpp"
 #include "gmem/sim_device.hpp"
+#include "sim_calls.hpp"
 
 namespace gmem {
 namespace {
@@ -121,10 +122,7 @@ TEST(EngineFailure, AFailedWaitLeavesAHeldFreeHeld) {
   SimulatedDevice device(o);
   Engine engine(device);
   constexpr StreamId compute = 0, side = 5;
-  void* p = engine.malloc(8 * MiB, compute);
-  engine.record_stream(p, side);
-  device.submit_work(side);
-  engine.free(p);
+  free_held_by(device, engine, 8 * MiB, compute, side);
   device.fail_call(DeviceCall::wait_event, 1);
   EXPECT_THROW(engine.malloc(8 * MiB, compute), DeviceError);
   engine.check_invariants();

@@ -815,10 +815,7 @@ TEST(Engine, RecordStreamHoldsTheBlockUntilThatStreamCaughtUp) {
   SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
   Engine engine(device);
   constexpr StreamId compute = 0, side = 5;
-  void* p = engine.malloc(8 * MiB, compute);
-  engine.record_stream(p, side);
-  device.submit_work(side);
-  engine.free(p);
+  void* p = free_held_by(device, engine, 8 * MiB, compute, side).ptr;
   MemoryStats s = engine.stats();
   EXPECT_EQ(s.allocated_bytes[kAllPools].current, 0);
   EXPECT_EQ(s.active_bytes[kAllPools].current, static_cast<std::int64_t>(8 * MiB));
@@ -870,12 +867,8 @@ void held_free_taken_back(bool handovers) {
   SimulatedDevice device(device_of(8 * MiB, /*immediate=*/false));
   Engine engine(device, EngineOptions{.stream_handovers = handovers});
   constexpr StreamId compute = 0, side = 5;
-  void* p = engine.malloc(8 * MiB, compute);
-  engine.record_stream(p, side);
-  device.submit_work(side);  // a copy out of p, still running
-  const std::uint64_t copy = device.submitted(side);
-  engine.free(p);
-  void* q = engine.malloc(8 * MiB, compute);  // the whole device: p's memory
+  const std::uint64_t copy = free_held_by(device, engine, 8 * MiB, compute, side).kernel;
+  void* q = engine.malloc(8 * MiB, compute);  // the whole device: the held block's memory
   EXPECT_TRUE(device.ordered_after(compute, side, copy));
   const MemoryStats s = engine.stats();
   EXPECT_EQ(s.pending_free_bytes, 0);

@@ -1,8 +1,11 @@
-// What the engine asked of the simulated device, for tests that count calls.
+// What the engine asked of the simulated device, for tests that count calls, and the held
+// free (record_stream) several of them set up.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "gmem/engine.hpp"
 #include "gmem/sim_device.hpp"
 
 namespace gmem {
@@ -20,6 +23,23 @@ inline std::uint64_t event_calls(const SimulatedDevice& d) {
   return d.calls(DeviceCall::create_event) + d.calls(DeviceCall::record_event) +
          d.calls(DeviceCall::query_event) + d.calls(DeviceCall::synchronize_event) +
          d.calls(DeviceCall::wait_event);
+}
+
+// A block of `bytes` that `stream` made, used on `other` too (record_stream) by a kernel still
+// running there, then freed: the free is held for `other`. Its address (freed: to compare only)
+// and the kernel's work item on `other`.
+struct HeldFree {
+  void* ptr;
+  std::uint64_t kernel;
+};
+inline HeldFree free_held_by(SimulatedDevice& d, Engine& engine, std::size_t bytes, StreamId stream,
+                             StreamId other) {
+  void* p = engine.malloc(bytes, stream);
+  engine.record_stream(p, other);
+  d.submit_work(other);
+  const std::uint64_t kernel = d.submitted(other);
+  engine.free(p);
+  return {p, kernel};
 }
 
 }  // namespace gmem
