@@ -764,12 +764,26 @@ bool Backing::hand_over_chunk(ChunkId chunk, std::uint32_t stream) {
   return true;
 }
 
+bool Backing::chunk_done(ChunkId chunk) const {
+  const Chunk& c = chunks_.at(chunk);
+  for (std::uint32_t k = 0; k < c.maps; ++k)
+    if (!streams_.progress.done(arenas_[arena_of(c.pages[k])]->stream, page_at(c.pages[k]).free_seq))
+      return false;
+  return true;
+}
+
 ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   // Which free chunk to take decides whether the layout settles: a chunk taken from a page that
   // is needed again while the thief still holds it must be stitched back (and the page it then
   // takes from, and so on). So take the one whose pages are due last: each page's next use is
   // predicted from its last two (a training step repeats), among the oldest frees (they are
   // also the likeliest to be done on other streams).
+  // Before that, one whose pages the GPU is known to be done with (chunk_done, no event call):
+  // a page whose chunk serves elsewhere is unmapped when next used, and the host waits there
+  // for the GPU to reach the page's free if it has not yet. That wait lasts as long as the GPU
+  // lags (milliseconds), a remap tens of microseconds; a chunk taken on its own stream a moment
+  // after its free (stream order allows it) made the most of them (docs/engine.md, "Steals
+  // that leave no wait behind").
   // At most kWeighed usable candidates, among at most kExamined entries unless the caller will
   // wait anyway: entries another stream has not caught up with stay listed, and scanning them all
   // for every page would make each malloc cost grow with the number of streams. A handover
@@ -778,6 +792,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   static constexpr int kWeighed = 64;
   static constexpr int kExamined = 4 * kWeighed;
   std::size_t best = freed_pages_.end();
+  bool best_done = false;
   std::int64_t best_due = 0;
   int weighed = 0, examined = 0;
   std::size_t k = freed_pages_.begin();
@@ -800,9 +815,11 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
     }
     if (how != Steal::handed_over && !chunk_free_for(p.chunk, stream, true)) continue;
     ++weighed;
+    const bool done = chunk_done(p.chunk);
     const std::int64_t due = static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - clock_));
-    if (best == freed_pages_.end() || due > best_due) {
+    if (best == freed_pages_.end() || done > best_done || (done == best_done && due > best_due)) {
       best = k;
+      best_done = done;
       best_due = due;
     }
   }

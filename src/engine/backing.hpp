@@ -247,6 +247,9 @@ class Backing {
   // to be used, if one cannot be made.
   bool hand_over_chunk(ChunkId chunk, std::uint32_t stream);
   bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
+  // Every page the free chunk is mapped at is known to be done on its stream (StreamTracker::
+  // done): none of them waits for the GPU before an unmap.
+  bool chunk_done(ChunkId chunk) const;
   // `listed`: among the stream's arenas, where online placement looks (the plan region is not).
   std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool listed = true);
   std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
@@ -297,6 +300,7 @@ class Backing {
   enum class Steal { ready, handed_over, waited };
   ChunkId steal_free_chunk(std::uint32_t stream, Steal how);
   Page& page_at(PageId id) { return arenas_[arena_of(id)]->pages.at(index_of(id)); }
+  const Page& page_at(PageId id) const { return arenas_[arena_of(id)]->pages.get(index_of(id)); }
   // The books of a map made (or to be made, in flight, by a MapJob) and of an unmap.
   void note_mapped(std::uint32_t arena, std::size_t index, ChunkId chunk);
   void note_unmapped(PageId id);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "gmem/engine.hpp"
@@ -746,6 +747,45 @@ TEST(Engine, StitchingOnOneStreamNeedsNoWait) {
   EXPECT_GT(device.calls(DeviceCall::synchronize_event), 0u);
   EXPECT_NE(device.chunk_at(reinterpret_cast<DevicePtr>(again)), device.chunk_at(reinterpret_cast<DevicePtr>(b)));
   for (void* p : {again, b, fence}) engine.free(p);
+  engine.check_invariants();
+}
+
+TEST(Engine, AStealTakesChunksTheGpuIsDoneWithBeforeOnesDueLater) {
+  // A chunk freed on the stealing stream a moment ago may be taken at once (stream order), but
+  // its page is then unmapped when next used, and the host waits there for the GPU to reach the
+  // page's free. Chunks whose pages the GPU is known to be done with go first, even where the
+  // prediction of the next use would pick the other.
+  SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
+  Engine engine(device);
+  constexpr StreamId s1 = 1, s2 = 2;
+  void* b = engine.malloc(2 * MiB, s1);      // taken first: by the next-use prediction, the
+  void* fence = engine.malloc(2 * MiB, s1);  // page due last when the steal comes
+  void* a = engine.malloc(2 * MiB, s2);
+  void* d = engine.malloc(2 * MiB, s2);
+  engine.free(a);
+  engine.free(d);
+  device.complete_stream(s2);  // done (the steal's scan asks)
+  device.submit_work(s1);
+  engine.free(b);  // the GPU has not reached this free
+  ASSERT_EQ(engine.stats().chunks_held, 4);
+
+  void* t = engine.malloc(4 * MiB, s1);  // fits no free range of s1's: two pages, two steals
+  EXPECT_EQ(engine.stats().chunks_held, 4);
+  const auto chunk_of = [&](void* p) { return device.chunk_at(reinterpret_cast<DevicePtr>(p)); };
+  const std::set<ChunkHandle> stolen{chunk_of(t), chunk_of(static_cast<char*>(t) + 2 * MiB)};
+  EXPECT_EQ(stolen, (std::set<ChunkHandle>{chunk_of(a), chunk_of(d)}));
+
+  // b's page still has its chunk: taking it again makes no device call and no host wait.
+  const std::uint64_t calls = device.calls(DeviceCall::map) + device.calls(DeviceCall::unmap);
+  void* again = engine.malloc(2 * MiB, s1);
+  EXPECT_EQ(again, b);
+  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.calls(DeviceCall::map) + device.calls(DeviceCall::unmap), calls);
+  // s2's pages get other chunks when next used, and wait for nothing: s2 is done with them.
+  void* a2 = engine.malloc(2 * MiB, s2);
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
+  for (void* p : {again, fence, t, a2}) engine.free(p);
   engine.check_invariants();
 }
 
