@@ -781,8 +781,8 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   // Before that, one whose pages the GPU is known to be done with (chunk_done, no event call):
   // a page whose chunk serves elsewhere is unmapped when next used, and the host waits there
   // for the GPU to reach the page's free if it has not yet. That wait lasts as long as the GPU
-  // lags (milliseconds), a remap tens of microseconds; a chunk taken on its own stream a moment
-  // after its free (stream order allows it) made the most of them (docs/engine.md, "Steals
+  // lags (milliseconds), a remap tens of microseconds. Most such waits followed a chunk taken on
+  // its own stream a moment after its free, which stream order allows (docs/engine.md, "Steals
   // that leave no wait behind").
   // At most kWeighed usable candidates, among at most kExamined entries unless the caller will
   // wait anyway: entries another stream has not caught up with stay listed, and scanning them all

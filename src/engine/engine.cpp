@@ -147,9 +147,7 @@ void Engine::Impl::free(void* p) {
   // Stamped when released, a side stream's block (a prefetched batch, streamed weights) waited
   // for the work that stream queued meanwhile too, before another stream or an unmap could have
   // its pages.
-  const std::uint64_t freed_at = record.in_slab ? 0
-                                 : record.shared ? backing_.held_free_stamp(record.arena)
-                                                 : backing_.free_stamp(record.arena);
+  const std::uint64_t freed_at = free_stamp(record, record.shared);
   if (record.shared) {
     try {
       cross_stream_.defer(ptr, record, freed_at);  // reused once its other streams have caught up
@@ -203,7 +201,7 @@ std::size_t Engine::Impl::hand_over_held(StreamId stream) {
   // Stamped after the waits: another stream that takes this memory later is ordered after
   // them through this stream (StreamTracker::ordered).
   auto release = [this](DevicePtr ptr, const Record& record, std::uint64_t /*freed_at*/) {
-    release_record(ptr, record, record.in_slab ? 0 : backing_.free_stamp(record.arena));
+    release_record(ptr, record, free_stamp(record, false));
   };
   const std::size_t released = cross_stream_.hand_over(stream, release);
   accounting_.stats.num_stream_handovers += static_cast<std::int64_t>(released);

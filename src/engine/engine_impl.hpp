@@ -106,6 +106,13 @@ class Engine::Impl final : private detail::BackingClient {
   // The freed block's memory goes back: a range's pages as freed on its stream at `freed_at`
   // (Backing::free_stamp, taken when the program freed it).
   void release_record(DevicePtr ptr, const detail::Record& record, std::uint64_t freed_at);
+  // The stamp a block's free gets on its stream (Backing::free_stamp; `held`: other streams hold
+  // it back, Backing::held_free_stamp). A slab's block gets none: its pages go back with the slab,
+  // stamped then (release_slab).
+  std::uint64_t free_stamp(const detail::Record& record, bool held) {
+    if (record.in_slab) return 0;
+    return held ? backing_.held_free_stamp(record.arena) : backing_.free_stamp(record.arena);
+  }
   void release_slab(detail::SlabId id);  // gives an empty slab's range back to its arena
   void process_pending(bool wait);
   void capture_begins_if(StreamId stream);  // a pool's first malloc in a capture (set_capturing)
