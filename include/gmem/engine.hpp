@@ -62,6 +62,13 @@ struct EngineOptions {
   // that cannot wait for it gets new memory (or, under the limit, the host waits).
   // docs/engine.md, "Memory handed between streams".
   bool stream_handovers = true;
+  // The step that first follows a new plan (mark_step) has its plan-region pages mapped by a
+  // thread of the engine's while it runs, in the order it will use them, rather than by its own
+  // mallocs: the driver's calls then overlap the program's work (a Llama step: 3,380 maps and
+  // set-access calls, 110-180 ms of the step's thread). Off by default here, so that a program
+  // on the simulated device (and `gmem replay`) runs the same on every run; the C API and
+  // gmem.torch turn it on for a GPU (GMEM_MAP_AHEAD). docs/engine.md, "Maps made ahead".
+  bool map_ahead = false;
 };
 
 // A live allocation as the engine sees it (for checks, tracking and snapshots).

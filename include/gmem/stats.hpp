@@ -62,6 +62,8 @@ struct MemoryStats {
 
   // gmem's own.
   std::int64_t num_maps = 0;            // cuMemMap calls
+  // Of those, made by the engine's map-ahead thread while a step ran (EngineOptions::map_ahead).
+  std::int64_t num_maps_ahead = 0;
   std::int64_t num_unmaps = 0;          // cuMemUnmap calls
   std::int64_t num_stitches = 0;        // mallocs that remapped chunks freed elsewhere
   // Memory another stream freed and may still use, handed to a stream made to wait for it on

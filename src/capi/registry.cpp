@@ -167,6 +167,13 @@ bool stream_handovers_from_environment() {
                                  {{"on", true}, {"off", false}, {"1", true}, {"0", false}}, true);
 }
 
+// GMEM_MAP_AHEAD: "1" or "on" turns EngineOptions::map_ahead on, "0" or "off" off; unset or
+// empty: on for a GPU, off for the simulated device (whose runs then repeat exactly).
+bool map_ahead_from_environment(bool simulated) {
+  return choice_from_environment("GMEM_MAP_AHEAD",
+                                 {{"on", true}, {"off", false}, {"1", true}, {"0", false}}, !simulated);
+}
+
 class Registry {
  public:
   Registry() : backend_(backend_from_environment()) {}
@@ -185,6 +192,7 @@ class Registry {
     opened.options.page_size = page_size_from_environment();
     opened.options.strict_empty_cache = strict_empty_cache_from_environment();
     opened.options.stream_handovers = stream_handovers_from_environment();
+    opened.options.map_ahead = map_ahead_from_environment(backend_ == Backend::sim);
     context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
     try {
       context->engine = std::make_unique<Engine>(*context->device, opened.options);

@@ -16,6 +16,7 @@ constexpr std::pair<std::string_view, Scalar> kScalars[] = {
     {"num_device_free", &MemoryStats::num_device_free},
     {"num_sync_all_streams", &MemoryStats::num_sync_all_streams},
     {"gmem.num_maps", &MemoryStats::num_maps},
+    {"gmem.num_maps_ahead", &MemoryStats::num_maps_ahead},
     {"gmem.num_unmaps", &MemoryStats::num_unmaps},
     {"gmem.num_stitches", &MemoryStats::num_stitches},
     {"gmem.num_stream_handovers", &MemoryStats::num_stream_handovers},

@@ -32,11 +32,12 @@ std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1
 
 Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
                  EngineObserver* const& observer, BackingClient& client, std::size_t page_size,
-                 bool stable_pages, bool handovers)
+                 bool stable_pages, bool handovers, bool map_ahead)
     : device_(device), streams_(streams), accounting_(accounting), observer_(observer),
       client_(client), granularity_(device.granularity()), stable_pages_(stable_pages),
       handovers_(handovers),
       clash_rule_(device.host_time()) {
+  ahead_.enabled = map_ahead && !stable_pages;
   if (!std::has_single_bit(granularity_) || granularity_ < kAlignment)
     throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
                                             std::to_string(granularity_));
@@ -53,6 +54,7 @@ Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
 }
 
 Backing::~Backing() {
+  if (ahead_.thread.joinable()) std::terminate();  // the engine stops it first (stop_map_ahead)
   // Give everything back, live blocks included: the engine owns the memory it handed out.
   for (const auto& arena : arenas_) {
     const DevicePtr base = arena->ranges.base();
@@ -255,6 +257,7 @@ Backing::Taken Backing::take_placed(const Placement& place_at, std::size_t bytes
   follow_warm_up();
   if (const std::size_t offset = ticket.offset; offset != StepPlanner::kOnline) {
     if (plan_arena_ == kNoArena) plan_arena_ = add_arena(si, bytes, false);
+    if (ahead_.enabled && ticket.ordinal == 0) [[unlikely]] start_map_ahead();
     RangeAllocator& ranges = arenas_[plan_arena_]->ranges;
     const DevicePtr addr = ranges.base() + offset;
     const NodeId free = offset + bytes <= ranges.size() ? plan_region_.free_node(ranges, addr, bytes) : kNoNode;
@@ -359,7 +362,15 @@ bool Backing::back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes)
     Page& p = pages.at(i);
     if constexpr (decltype(in_runs)::value) settle(p);
     if (p.refs++ > 0) {  // shared with a live neighbour: its chunk is busy here already,
-      if (p.in_flight) [[unlikely]] ready = false;  // or is being mapped by its malloc still
+      if (p.in_flight) [[unlikely]] {  // or is being mapped by its malloc (or map-ahead) still
+        ready = false;
+      } else if (p.ahead) [[unlikely]] {  // mapped ahead: the block takes its reference over
+        p.ahead = 0;
+        --p.refs;
+        p.reuse = now - p.last_use;
+        p.last_use = now;
+        ready &= page_ready(arena, i, p);
+      }
       return;
     }
     if (++used_pages_ > interval_peak_used_) note_peak_used();
@@ -436,8 +447,7 @@ std::pair<std::size_t, std::size_t> Backing::interior(std::uint32_t arena, Devic
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
   PageTable& pages = arenas_[arena]->pages;
-  if (pages.get(first).in_flight || pages.get(last).in_flight) [[unlikely]]
-    return wait_and_take_again(arena, addr, bytes);
+  if (in_flight(arena, first, last)) [[unlikely]] return wait_and_take_again(arena, addr, bytes);
   // Claimed until this returns or throws (by then a failed job's maps are undone, and its books
   // rolled back under the lock).
   struct Claim {
@@ -470,10 +480,19 @@ bool Backing::wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size
   // map_missing), then take the range's pages again; they may be ready by then.
   unref_pages(arena, addr, bytes, streams_.progress.stamp(arenas_[arena]->stream));
   const auto [first, last] = page_span(arena, addr, bytes);
-  const PageTable& pages = arenas_[arena]->pages;
   do client_.wait_for_landing();
-  while (pages.get(first).in_flight || pages.get(last).in_flight);
+  while (in_flight(arena, first, last));
   return back_pages(arena, addr, bytes);
+}
+
+bool Backing::in_flight(std::uint32_t arena, std::size_t first, std::size_t last) const {
+  const PageTable& pages = arenas_[arena]->pages;
+  if (pages.get(first).in_flight || pages.get(last).in_flight) return true;
+  // Only a map-ahead batch claims pages inside a range (a malloc claims its two ends).
+  if (!ahead_.job_in_flight || arena != plan_arena_) return false;
+  for (std::size_t i = first + 1; i < last; ++i)
+    if (pages.get(i).in_flight) return true;
+  return false;
 }
 
 void Backing::unlocked(const std::function<void()>& calls) {

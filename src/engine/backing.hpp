@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,9 @@ class BackingClient {
   virtual void without_lock(const std::function<void()>& calls) = 0;
   virtual void wait_for_landing() = 0;
   virtual void landed() = 0;
+  // Takes the engine's lock on a thread that does not hold it (Backing's map-ahead thread), runs
+  // `work` and releases it; wait_for_landing may be called from `work`.
+  virtual void with_lock(const std::function<void()>& work) = 0;
 
  protected:
   ~BackingClient() = default;
@@ -82,10 +86,10 @@ class Backing {
   // or a `page_size` (0: the device's granularity) that is not a power-of-two multiple of it up
   // to kMaxPageSize. `observer` is the engine's (read when a page is mapped or unmapped, or on
   // OOM). `stable_pages`: EngineOptions::stable_pages (a page keeps its chunk, none aliased).
-  // `handovers`: EngineOptions::stream_handovers.
+  // `handovers`: EngineOptions::stream_handovers. `map_ahead`: EngineOptions::map_ahead.
   Backing(Device& device, Streams& streams, Accounting& accounting,
           EngineObserver* const& observer, BackingClient& client, std::size_t page_size = 0,
-          bool stable_pages = false, bool handovers = true);
+          bool stable_pages = false, bool handovers = true, bool map_ahead = false);
   static constexpr std::size_t kMaxPageSize = std::size_t{1} << 30;
   ~Backing();  // unmaps every page, gives back every address range and chunk
   Backing(const Backing&) = delete;
@@ -149,10 +153,30 @@ class Backing {
   void mark_step() {
     if (stable_pages_) return;  // a plan region's pages alias online chunks
     if (!planner_.active()) clash_rule_.restart_window(device_.host_time());
+    ++ahead_.round;  // a batch in flight now gives its pages back when it lands
+    if (!ahead_.booked.empty() || ahead_.next < ahead_.queue.size()) [[unlikely]] end_map_ahead();
     planner_.mark_step();
     follow_warm_up();
   }
   const StepPlanner::Stats& plan_stats() const { return planner_.stats(); }
+
+  // --- a new plan's pages mapped ahead (EngineOptions::map_ahead) -------------------------------
+  // The step that first follows a plan maps the plan region's pages (a Llama step: 3,380 of them,
+  // 110-180 ms of driver calls, serialized by the driver), on the program's thread, in a step the
+  // host is the bottleneck of. The same calls made by another thread while the step runs cost it
+  // 6-8 ms (H100: bench/torch/overlap_maps.py). So at that step's first malloc, the pages its
+  // plan uses that are not mapped are queued in the order the step will first use them, and a
+  // thread of Backing's maps them a batch at a time: each batch is booked under the engine's
+  // lock (a spare chunk or a free one the stream may use now, never a new one: where there is
+  // none, the rest is left to the step, as without map-ahead), each page holding a reference of
+  // the map-ahead's (Page::ahead) so that its chunk stays busy; its calls are made without the
+  // lock, and it lands under it. The first block that takes such a page takes that reference
+  // over; a block that needs a page still in flight waits for its batch (map_missing). The step's
+  // mark gives back the references no block took.
+  bool mapping_ahead() const { return ahead_.next < ahead_.queue.size() || ahead_.job_in_flight; }
+  // Stops and joins the thread (called without the engine's lock, before the engine goes), and
+  // gives back what the round still holds.
+  void stop_map_ahead();
 
   // --- captures into a pool (stable pages) ------------------------------------------------------
   // A pool's pages keep their chunks because a CUDA graph's kernels were captured against them;
@@ -280,6 +304,8 @@ class Backing {
   // A boundary page is claimed by another slow malloc: give the references back, wait for it to
   // land, take the pages again (back_pages).
   bool wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
+  // A page of [first, last] is claimed by another slow malloc, or in a map-ahead batch in flight.
+  bool in_flight(std::uint32_t arena, std::size_t first, std::size_t last) const;
   // Counts a malloc in map_missing (slow_mallocs_) and wakes the waiters when it leaves.
   struct SlowMalloc {
     explicit SlowMalloc(Backing& backing);
@@ -310,6 +336,28 @@ class Backing {
   bool unmap_chunk(ChunkId chunk, bool wait);  // every alias; false if still in use
   void release_chunk(ChunkId chunk);
   [[noreturn]] void throw_oom(std::size_t requested, StreamId stream);
+
+  // Map-ahead (above): queues a new plan's pages at its step's first malloc; books the next
+  // batch (false: nothing left); lands one; gives back one page's reference, or every reference
+  // the round holds (at a mark); the thread's loop.
+  void start_map_ahead();
+  bool book_ahead(MapJob& job);
+  void land_ahead(MapJob& job, std::uint64_t round);
+  void give_back_ahead(std::uint32_t index);
+  void end_map_ahead();
+  void map_ahead_loop() noexcept;
+  static constexpr std::size_t kAheadBatch = 32;      // pages a batch: ~1 ms of calls
+  static constexpr std::size_t kMinAheadPages = 16;   // fewer are mapped by the step
+  struct MapAhead {
+    bool enabled = false;
+    std::vector<std::uint32_t> queue;   // the plan region's pages, in the order of first use
+    std::size_t next = 0;               // queue[next...] not booked yet
+    std::vector<std::uint32_t> booked;  // pages booked this round (the reference may be a block's since)
+    std::uint64_t round = 0;            // steps marked: a batch of an earlier round gives back all
+    bool job_in_flight = false;
+    bool stop = false;
+    std::thread thread;
+  };
 
   // --- what it works with -------------------------------------------------------------------------
   Device& device_;
@@ -371,6 +419,7 @@ class Backing {
   std::uint32_t plan_arena_ = kNoArena;
   PlanRegion plan_region_;
   KeptPlaces kept_;
+  MapAhead ahead_;
 };
 
 }  // namespace gmem::detail

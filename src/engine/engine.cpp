@@ -25,7 +25,7 @@ std::string hex(DevicePtr ptr) {
 Engine::Impl::Impl(Device& device, EngineOptions options)
     : device_(device), options_(options), streams_(device),
       backing_(device, streams_, accounting_, observer_, *this, options.page_size,
-               options.stable_pages, options.stream_handovers),
+               options.stable_pages, options.stream_handovers, options.map_ahead),
       cross_stream_(device), empty_cache_rule_(options.strict_empty_cache) {
   backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
   backing_.set_arena_size(options.address_space);
@@ -219,6 +219,11 @@ void Engine::Impl::without_lock(const std::function<void()>& calls) {
   mutex_.unlock();
   calls();  // device calls only, and it does not throw
   mutex_.lock();
+}
+
+void Engine::Impl::with_lock(const std::function<void()>& work) {
+  std::lock_guard lock(mutex_);
+  work();
 }
 
 void Engine::Impl::wait_for_landing() {

@@ -39,7 +39,7 @@ namespace gmem {
 class Engine::Impl final : private detail::BackingClient {
  public:
   Impl(Device& device, EngineOptions options);
-  ~Impl() = default;
+  ~Impl() { backing_.stop_map_ahead(); }  // its thread takes the lock: before anything goes
 
   void* malloc(std::size_t size, StreamId stream);
   void* malloc_at(void* ptr, std::size_t size);
@@ -126,6 +126,7 @@ class Engine::Impl final : private detail::BackingClient {
   void without_lock(const std::function<void()>& calls) override;
   void wait_for_landing() override;
   void landed() override { landed_.notify_all(); }
+  void with_lock(const std::function<void()>& work) override;
 };
 
 }  // namespace gmem

@@ -27,7 +27,10 @@ inline constexpr ChunkId kNoChunk = ~ChunkId{0};
 struct Page {
   ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
   static constexpr std::uint32_t kMaxClashes = 15;
-  std::uint32_t refs : 23 = 0;    // used ranges overlapping the page (a few dozen at most)
+  std::uint32_t refs : 22 = 0;    // used ranges overlapping the page (a few dozen at most)
+  // Mapped ahead of its plan's first use (Backing's map-ahead): one of refs is the map-ahead's,
+  // handed to the first range that takes the page, or given back when the step ends.
+  std::uint32_t ahead : 1 = 0;
   // A CUDA graph may use it (stable pages only: a pool's page under a block live during a
   // capture): it keeps its chunk until the pool's cache is emptied (Backing::pin_used_pages).
   std::uint32_t pinned : 1 = 0;

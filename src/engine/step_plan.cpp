@@ -239,6 +239,14 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   return ticket;
 }
 
+std::vector<std::pair<std::size_t, std::size_t>> StepPlanner::blocks_of_new_plan() const {
+  std::vector<std::pair<std::size_t, std::size_t>> blocks;
+  if (!first_on_plan_ || plan_ == nullptr || step_.size() != 1) return blocks;
+  for (std::size_t k = 0; k < plan_->offsets.size(); ++k)
+    if (plan_->offsets[k] != kOnline) blocks.emplace_back(plan_->offsets[k], plan_->sizes[k]);
+  return blocks;
+}
+
 void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept {
   stats_.hits += planned;
   // A block whose step was marked over meanwhile outlives it: long-lived, not recorded.

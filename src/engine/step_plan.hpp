@@ -21,6 +21,7 @@
 #include <future>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "gmem/device.hpp"
@@ -74,6 +75,10 @@ class StepPlanner {
     std::size_t offset;
   };
   Ticket request(std::size_t bytes);
+  // At the step's first range malloc: the blocks of the plan the step begins on, if that plan
+  // was made for this step (warm_up's second case: its pages of the plan region get their
+  // chunks now), as {offset, size} in the order the step takes them; empty otherwise.
+  std::vector<std::pair<std::size_t, std::size_t>> blocks_of_new_plan() const;
   // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
   // offset. A malloc's slow path releases the engine's lock at times, so other mallocs, frees
   // and marks may come between a request and its `taken`: the ticket says which record.

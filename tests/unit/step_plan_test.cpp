@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -76,11 +77,13 @@ struct Loop {
   Engine& engine;
   bool mark = true;
   void* carried = nullptr;
+  std::function<void()> after_first_malloc;  // called once a step, after its first malloc
   std::vector<void*> step(std::size_t len) {
     std::vector<void*> transient;
     std::vector<void*> acts;
     for (int layer = 0; layer < 8; ++layer) {
       void* tmp = engine.malloc((3 + layer % 3) * len * MiB / 2);
+      if (layer == 0 && after_first_malloc) after_first_malloc();
       acts.push_back(engine.malloc(len * MiB + (layer % 2) * 512 * 1024));
       transient.push_back(tmp);
       transient.push_back(acts.back());
@@ -297,12 +300,12 @@ TEST(StepPlan, LifetimesThatDoNotHoldFallBackWithoutOverlap) {
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
 }
 
-TEST(StepPlan, ThreadsSharingTheStreamStress) {
-  // Steps of lengths taking turns on one stream, from four threads at once, one of them marking:
-  // requests interleave in no fixed order, so plans are followed, left and made again while other
-  // threads' device calls run with the lock released. Blocks never overlap, the books balance.
+// Steps of lengths taking turns on one stream, from four threads at once, one of them marking:
+// requests interleave in no fixed order, so plans are followed, left and made again while other
+// threads' device calls run with the lock released. Blocks never overlap, the books balance.
+void threads_sharing_the_stream(const EngineOptions& options) {
   SimulatedDevice device;
-  Engine engine(device);
+  Engine engine(device, options);
   engine.mark_step();
   std::atomic<int> steps{0};
   auto worker = [&](unsigned seed, bool marks) {
@@ -341,6 +344,94 @@ TEST(StepPlan, ThreadsSharingTheStreamStress) {
   for (std::thread& t : threads) t.join();
   engine.check_invariants();
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
+}
+
+TEST(StepPlan, ThreadsSharingTheStreamStress) { threads_sharing_the_stream({}); }
+
+TEST(StepPlan, ThreadsSharingTheStreamWithMapAheadStress) {
+  EngineOptions options;
+  options.map_ahead = true;  // a fifth thread maps each new plan's pages as its step runs
+  threads_sharing_the_stream(options);
+}
+
+// Waits until the engine's map-ahead thread has made no map for a while (at most two seconds).
+void let_map_ahead_settle(Engine& engine) {
+  std::int64_t seen = -1;
+  for (int quiet = 0, k = 0; quiet < 3 && k < 2000; ++k) {
+    const std::int64_t now = engine.stats().num_maps_ahead;
+    quiet = now == seen ? quiet + 1 : 0;
+    seen = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+TEST(StepPlanThreads, ANewPlansPagesAreMappedAheadWhileItsStepRuns) {
+  // The rounds of ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls with map-ahead on, the
+  // program pausing after each step's first malloc (as a step's kernels run while the host
+  // waits): the new plans' pages are mapped by the engine's thread, not by the step's mallocs,
+  // and every block goes where it went without map-ahead (plans do not depend on what is
+  // mapped), with the same settling: no device call in rounds 3 and 4.
+  std::map<std::size_t, std::vector<void*>> last[2];
+  std::int64_t step_maps[2] = {0, 0}, ahead_maps = 0;
+  for (const bool ahead : {false, true}) {
+    SimulatedDevice device;
+    EngineOptions options;
+    options.map_ahead = ahead;
+    Engine engine(device, options);
+    void* weights = engine.malloc(64 * MiB);
+    Loop loop{engine};
+    loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
+    engine.mark_step();
+    last[ahead] = expect_rounds_settle(device, engine, [&](std::size_t len) { return loop.step(len); });
+    const MemoryStats s = engine.stats();
+    step_maps[ahead] = s.num_maps - s.num_maps_ahead;
+    if (ahead) {
+      ahead_maps = s.num_maps_ahead;
+      EXPECT_GE(ahead_maps, 16) << "a plan of 16 pages or more maps them ahead";
+    } else {
+      EXPECT_EQ(s.num_maps_ahead, 0);
+    }
+    engine.free(loop.carried);
+    engine.free(weights);
+    engine.check_invariants();
+    EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
+  }
+  EXPECT_EQ(last[0], last[1]);
+  // The steps' own maps: map-ahead took its maps off them, and made none they would not have.
+  EXPECT_LE(step_maps[1] + ahead_maps, step_maps[0]) << step_maps[1] << " + " << ahead_maps
+                                                     << " against " << step_maps[0];
+}
+
+TEST(StepPlanThreads, AMapAheadTheDeviceFailsIsRolledBack) {
+  // Every tenth map fails while plans begin (map-ahead's or a step's own, whichever thread makes
+  // it): a failed batch gives its pages back, a step whose own map fails gets DeviceError, and
+  // the books always balance; the engine goes away with a round maybe still under way.
+  SimulatedDevice device;
+  EngineOptions options;
+  options.map_ahead = true;
+  Engine engine(device, options);
+  void* weights = engine.malloc(64 * MiB);
+  Loop loop{engine};
+  engine.mark_step();
+  int failed = 0;
+  for (int round = 0; round < 4; ++round) {
+    for (const std::size_t len : {3, 7, 5, 4}) {
+      if (round >= 1) device.fail_call(DeviceCall::map, 10);
+      try {
+        loop.step(len);
+      } catch (const DeviceError&) {
+        ++failed;  // the step's blocks made so far stay live: the engine frees them as it goes
+        loop.carried = nullptr;
+        engine.mark_step();
+      }
+      let_map_ahead_settle(engine);
+      engine.check_invariants();
+    }
+  }
+  device.fail_call(DeviceCall::map, 0);
+  EXPECT_GT(engine.stats().num_maps_ahead, 0);
+  (void)failed;
+  (void)weights;
 }
 
 TEST(StepPlan, StepsThatNeverRepeatKeepTheRecordsBounded) {
