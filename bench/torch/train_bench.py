@@ -146,6 +146,7 @@ STEPS.update({name: models_step(name, varying=name not in FIXED_SHAPES)
 PER_STEP_STATS = {
     "step_maps": "gmem.num_maps",           # device maps
     "step_maps_ahead": "gmem.num_maps_ahead",  # of those, made by the map-ahead thread
+    "step_ahead_wait_us": "gmem.map_ahead_wait_us",  # mallocs waiting for its batches
     "step_plans": "gmem.plans",             # plans taken into use: a shape's first step on its plan
     "step_waits": "num_sync_all_streams",   # host waits for a stream
     "step_call_us": "gmem.device_call_us",  # host time in the driver's memory calls

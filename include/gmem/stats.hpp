@@ -62,8 +62,10 @@ struct MemoryStats {
 
   // gmem's own.
   std::int64_t num_maps = 0;            // cuMemMap calls
-  // Of those, made by the engine's map-ahead thread while a step ran (EngineOptions::map_ahead).
+  // Of those, made by the engine's map-ahead thread while a step ran (EngineOptions::map_ahead),
+  // and the microseconds mallocs waited for its batches (the step caught up with it).
   std::int64_t num_maps_ahead = 0;
+  std::int64_t map_ahead_wait_us = 0;
   std::int64_t num_unmaps = 0;          // cuMemUnmap calls
   std::int64_t num_stitches = 0;        // mallocs that remapped chunks freed elsewhere
   // Memory another stream freed and may still use, handed to a stream made to wait for it on

@@ -17,6 +17,7 @@ constexpr std::pair<std::string_view, Scalar> kScalars[] = {
     {"num_sync_all_streams", &MemoryStats::num_sync_all_streams},
     {"gmem.num_maps", &MemoryStats::num_maps},
     {"gmem.num_maps_ahead", &MemoryStats::num_maps_ahead},
+    {"gmem.map_ahead_wait_us", &MemoryStats::map_ahead_wait_us},
     {"gmem.num_unmaps", &MemoryStats::num_unmaps},
     {"gmem.num_stitches", &MemoryStats::num_stitches},
     {"gmem.num_stream_handovers", &MemoryStats::num_stream_handovers},

@@ -87,7 +87,7 @@ class Accounting {
     stats.num_alloc_retries = stats.num_ooms = stats.num_device_alloc = 0;
     stats.num_device_free = stats.num_sync_all_streams = 0;
     stats.num_maps = stats.num_unmaps = stats.num_stitches = stats.num_empty_cache = 0;
-    stats.num_stream_handovers = stats.num_maps_ahead = 0;
+    stats.num_stream_handovers = stats.num_maps_ahead = stats.map_ahead_wait_us = 0;
   }
 
   // From now on every change is added to `group` too (Engine::join_stats_group); nullptr: to

@@ -480,8 +480,11 @@ bool Backing::wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size
   // map_missing), then take the range's pages again; they may be ready by then.
   unref_pages(arena, addr, bytes, streams_.progress.stamp(arenas_[arena]->stream));
   const auto [first, last] = page_span(arena, addr, bytes);
+  const bool ahead = ahead_.job_in_flight;  // waits for map-ahead batches are counted
+  const double since = device_.host_time();
   do client_.wait_for_landing();
   while (in_flight(arena, first, last));
+  if (ahead) accounting_.stats.map_ahead_wait_us += static_cast<std::int64_t>(device_.host_time() - since);
   return back_pages(arena, addr, bytes);
 }
 

@@ -89,7 +89,7 @@ TEST(Stats, FlattensUnderPyTorchNames) {
   const auto flat = stats.flatten();
   std::map<std::string, std::int64_t> by_name(flat.begin(), flat.end());
   EXPECT_EQ(by_name.size(), flat.size()) << "names must be unique";
-  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 5 + 32);
+  EXPECT_EQ(flat.size(), 9u * 3 * 4 + 5 + 33);
   EXPECT_EQ(flat.front().first, "allocated_bytes.all.current");
 
   EXPECT_EQ(by_name.at("allocated_bytes.all.current"), 3072);
