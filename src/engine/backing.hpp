@@ -173,7 +173,7 @@ class Backing {
   // lock, and it lands under it. The first block that takes such a page takes that reference
   // over; a block that needs a page still in flight waits for its batch (map_missing). The step's
   // mark gives back the references no block took.
-  bool mapping_ahead() const { return ahead_.next < ahead_.queue.size() || ahead_.job_in_flight; }
+
   // Stops and joins the thread (called without the engine's lock, before the engine goes), and
   // gives back what the round still holds.
   void stop_map_ahead();

@@ -354,10 +354,10 @@ TEST(StepPlan, ThreadsSharingTheStreamWithMapAheadStress) {
   threads_sharing_the_stream(options);
 }
 
-// Waits until the engine's map-ahead thread has made no map for a while (at most two seconds).
+// Waits until the engine's map-ahead thread has made no map for 20 ms (at most two seconds).
 void let_map_ahead_settle(Engine& engine) {
   std::int64_t seen = -1;
-  for (int quiet = 0, k = 0; quiet < 3 && k < 2000; ++k) {
+  for (int quiet = 0, k = 0; quiet < 20 && k < 2000; ++k) {
     const std::int64_t now = engine.stats().num_maps_ahead;
     quiet = now == seen ? quiet + 1 : 0;
     seen = now;
@@ -412,6 +412,7 @@ TEST(StepPlanThreads, AMapAheadTheDeviceFailsIsRolledBack) {
   Engine engine(device, options);
   void* weights = engine.malloc(64 * MiB);
   Loop loop{engine};
+  loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
   engine.mark_step();
   int failed = 0;
   for (int round = 0; round < 4; ++round) {
