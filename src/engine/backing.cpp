@@ -313,6 +313,14 @@ void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth,
 
 // --- pages --------------------------------------------------------------------------------------
 
+void Backing::drop_ref(std::uint32_t arena, std::size_t index, Page& p) {
+  if (--p.refs > 0) return;
+  --used_pages_;
+  if (!p.mapped()) return;  // a failed malloc's rollback, or a map-ahead's
+  ++free_pages_;
+  freed_pages_.add(page_id(arena, static_cast<std::uint32_t>(index)), p);
+}
+
 void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes,
                           std::uint64_t stamp) {
   PageTable& pages = arenas_[arena]->pages;
@@ -323,12 +331,7 @@ void Backing::unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes
     // The latest of its blocks' frees: a free held back for other streams comes stamped when it
     // was made, maybe before a neighbour's on the same page.
     p.free_seq = std::max(p.free_seq, stamp);
-    if (--p.refs == 0) {
-      --used_pages_;
-      if (!p.mapped()) return;  // a failed malloc's rollback
-      ++free_pages_;
-      freed_pages_.add(page_id(arena, static_cast<std::uint32_t>(i)), p);
-    }
+    drop_ref(arena, i, p);
   };
   if (last - first + 1 >= PageRuns::kMinPages) [[unlikely]] {
     const auto [inner_first, inner_last] = interior(arena, addr, bytes, first, last);
@@ -599,15 +602,22 @@ void Backing::run_job(MapJob& job) noexcept {
 }
 
 void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes) {
+  if (land_books(job)) [[likely]] return;
+  // The range gives its references back.
+  unref_pages(job.arena, addr, bytes, streams_.progress.stamp(arenas_[job.arena]->stream));
+  std::rethrow_exception(job.error);
+}
+
+bool Backing::land_books(const MapJob& job) {
   if (!job.error) [[likely]] {
     if (observer_)
       job.for_each_run(job.pages.size(), [&](std::size_t k, std::size_t count) {
         observer_->on_map(page_address(job, k), count << page_shift_);
       });
-    return;
+    return true;
   }
   // The device failed: what it did not map is taken back from the books, as are the maps
-  // run_job undid (device calls made: counted), and the range gives its references back.
+  // run_job undid (device calls made: counted).
   forget_maps(job, job.mapped);
   for (std::size_t k = job.mapped; k-- > 0;) {
     if (job.undone[k]) {
@@ -617,8 +627,7 @@ void Backing::land(MapJob& job, DevicePtr addr, std::size_t bytes) {
       observer_->on_map(page_address(job, k), granularity_);
     }
   }
-  unref_pages(job.arena, addr, bytes, streams_.progress.stamp(arenas_[job.arena]->stream));
-  std::rethrow_exception(job.error);
+  return false;
 }
 
 void Backing::forget_maps(const MapJob& job, std::size_t from) {

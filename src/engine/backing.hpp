@@ -299,6 +299,9 @@ class Backing {
     return job.base + (DevicePtr{job.pages[k]} << page_shift_);
   }
   void land(MapJob& job, DevicePtr addr, std::size_t bytes);
+  // What land and land_ahead share: the observer told of the maps made, or, when the device
+  // failed, the books taken back to what the device did (false then).
+  bool land_books(const MapJob& job);
   // Takes back the books of the job's maps from pages[from] on, which the device never made.
   void forget_maps(const MapJob& job, std::size_t from);
   // A boundary page is claimed by another slow malloc: give the references back, wait for it to
@@ -315,6 +318,9 @@ class Backing {
   // Runs device calls with the engine's lock released; rethrows what they threw, with the lock.
   void unlocked(const std::function<void()>& calls);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
+  // One of page `index`'s references goes back; with the last, a mapped page is free (listed
+  // where steals look).
+  void drop_ref(std::uint32_t arena, std::size_t index, Page& p);
   // clashes_before: how often the page to map had to be remapped before (Page::clashes);
   // planned: the page is the plan region's.
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before, bool planned);
@@ -342,7 +348,7 @@ class Backing {
   // the round holds (at a mark); the thread's loop.
   void start_map_ahead();
   bool book_ahead(MapJob& job);
-  void land_ahead(MapJob& job, std::uint64_t round);
+  void land_ahead(const MapJob& job, std::uint64_t round);
   void give_back_ahead(std::uint32_t index);
   void end_map_ahead();
   void map_ahead_loop() noexcept;

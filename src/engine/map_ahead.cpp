@@ -76,27 +76,12 @@ bool Backing::book_ahead(MapJob& job) {
   return !job.pages.empty();
 }
 
-void Backing::land_ahead(MapJob& job, std::uint64_t round) {
+void Backing::land_ahead(const MapJob& job, std::uint64_t round) {
   PageTable& pages = arenas_[job.arena]->pages;
   accounting_.stats.num_maps_ahead += static_cast<std::int64_t>(job.mapped);
-  if (job.error) {
-    // The device failed: the books take back what it did not map and what run_job undid, and
-    // the round ends; the step maps the rest itself (and meets the failure there, if it lasts).
-    forget_maps(job, job.mapped);
-    for (std::size_t k = job.mapped; k-- > 0;) {
-      if (job.undone[k]) {
-        note_unmapped(page_id(job.arena, job.pages[k]));
-        ++accounting_.stats.num_unmaps;
-      } else if (observer_) {
-        observer_->on_map(page_address(job, k), granularity_);
-      }
-    }
-    ahead_.next = ahead_.queue.size();
-  } else if (observer_) {
-    job.for_each_run(job.pages.size(), [&](std::size_t k, std::size_t count) {
-      observer_->on_map(page_address(job, k), count << page_shift_);
-    });
-  }
+  // A device failure ends the round; the step maps the rest itself (and meets the failure
+  // there, if it lasts).
+  if (!land_books(job)) ahead_.next = ahead_.queue.size();
   for (const std::uint32_t i : job.pages) {
     pages.at(i).in_flight = 0;
     if (job.error || round != ahead_.round) give_back_ahead(i);
@@ -107,13 +92,7 @@ void Backing::give_back_ahead(std::uint32_t index) {
   Page& p = arenas_[plan_arena_]->pages.at(index);
   if (!p.ahead || p.in_flight) return;  // a block's reference now, or its batch lands later
   p.ahead = 0;
-  // No stamp: the GPU never used the page through this map-ahead.
-  if (--p.refs == 0) {
-    --used_pages_;
-    if (!p.mapped()) return;
-    ++free_pages_;
-    freed_pages_.add(page_id(plan_arena_, index), p);
-  }
+  drop_ref(plan_arena_, index, p);  // no stamp: the GPU never used the page through it
 }
 
 void Backing::end_map_ahead() {
