@@ -8,7 +8,8 @@
 # twice or more (`gmem replay --steps`), and the share of the buffers the trace's allocator made
 # anew in their place (same address, same size) that gmem put back in theirs too. The figures
 # of docs/engine.md's tables and the closing notes come from here.
-#   bench/replay_traces.sh [GMEM_BINARY]   (held-out traces from $HELDOUT, default .gpuwork/heldout)
+#   bench/replay_traces.sh [GMEM_BINARY]   (held-out traces from $HELDOUT, default .gpuwork/heldout;
+#   more replay options from $REPLAY_ARGS, e.g. REPLAY_ARGS=--map-ahead)
 set -u
 cd "$(dirname "$0")/.."
 gmem=${1:-build/gmem}
@@ -44,7 +45,8 @@ for f in tests/data/*.trace.csv.gz "$heldout"/*.trace.csv.gz; do
     minima) args=() ;;
     *) args=(--step-at "$how") ;;
   esac
-  "$gmem" replay --json --steps "${args[@]}" "$f" | python3 -c '
+  # shellcheck disable=SC2086
+  "$gmem" replay --json --steps ${REPLAY_ARGS:-} "${args[@]}" "$f" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 calls = r.get("device_calls_by_times_seen", [0, 0, 0])

@@ -24,7 +24,8 @@ constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
     "usage: gmem replay [--json] [--no-plan] [--steps] [--step-at FRAME] [--capacity BYTES]\n"
-    "       [--lag US] [--page-size BYTES] [--passes N] [--empty-cache] [--strict-empty-cache]"
+    "       [--lag US] [--page-size BYTES] [--passes N] [--empty-cache] [--strict-empty-cache]\n"
+    "       [--map-ahead]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -85,6 +86,9 @@ const char kReplayUsage[] =
     "  --strict-empty-cache  the same, each call giving back everything (GMEM_EMPTY_CACHE=strict)\n"
     "  --page-size BYTES gmem's page (and chunk) size, a power of two from 2M to 1G (default 2M):\n"
     "                    larger pages cost fewer device calls and stitch more coarsely\n"
+    "  --map-ahead       map planned pages on the engine's thread, as on a GPU (off by default\n"
+    "                    here, so that a replay repeats exactly; with it, the split between the\n"
+    "                    thread's maps and the steps' own depends on thread timing)\n"
     "  --json            one JSON object per trace, one per line\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
@@ -304,6 +308,8 @@ int replay_command(const Args& args) {
     } else if (a == "--passes") {
       options.passes = parse_count(a, option_value(args, i));
       if (options.passes > 1000) throw UsageError("--passes takes a count from 1 to 1000, not " + std::to_string(options.passes));
+    } else if (a == "--map-ahead") {
+      options.engine.map_ahead = true;
     } else if (a == "--page-size") {
       options.engine.page_size = parse_bytes(option_value(args, i));
       if (options.engine.page_size == 0) throw UsageError("--page-size must be more than 0");

@@ -101,14 +101,15 @@ bool Backing::in_arenas(DevicePtr ptr) const {
   return false;
 }
 
-std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes, bool listed) {
+std::uint32_t Backing::add_arena(std::uint32_t si, std::size_t min_bytes, bool listed,
+                                 bool for_malloc) {
   const std::size_t size =
       std::max(arena_size_, (min_bytes + granularity_ - 1) / granularity_ * granularity_);
   DevicePtr base = 0;
   try {
     base = device_.reserve_address(size, granularity_);
   } catch (const DeviceError& e) {
-    if (!e.device_out_of_memory()) throw;
+    if (!e.device_out_of_memory() || !for_malloc) throw;
     oom_reason_ = "address space";
     throw_oom(min_bytes, streams_.progress.stream(si));
   }
@@ -255,6 +256,19 @@ Backing::Taken Backing::take_placed(const Placement& place_at, std::size_t bytes
   if (si != plan_stream_) return take_online(si, bytes, requested);
   const StepPlanner::Ticket ticket = planner_.request(bytes);
   follow_warm_up();
+  // A step that left its plan places the rest online: the pages mapped ahead for the plan's
+  // later blocks would hold chunks that the online blocks then need (lstm_varlen's steps, whose
+  // packed lengths part from their plans, replayed at 1.83x their peak).
+  if (ahead_.held && !planner_.following() && !ahead_.booked.empty()) [[unlikely]] end_map_ahead();
+  if (ahead_.waits_for_step) [[unlikely]] client_.landed();  // the step reached further
+  if (ahead_.enabled && ticket.ordinal == 0) [[unlikely]]
+    if (const std::size_t extent = planner_.extent_to_map_early(); extent > 0) {
+      try {
+        start_mapping_early(si, extent);
+      } catch (...) {  // no address space or host memory for it: the plan's step maps its pages
+        end_map_ahead();
+      }
+    }
   if (const std::size_t offset = ticket.offset; offset != StepPlanner::kOnline) {
     if (plan_arena_ == kNoArena) plan_arena_ = add_arena(si, bytes, false);
     if (ahead_.enabled && ticket.ordinal == 0) [[unlikely]] start_map_ahead();
@@ -494,6 +508,7 @@ bool Backing::wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size
 bool Backing::in_flight(std::uint32_t arena, std::size_t first, std::size_t last) const {
   const PageTable& pages = arenas_[arena]->pages;
   if (pages.get(first).in_flight || pages.get(last).in_flight) return true;
+  if (ahead_.early_in_flight && pinned_early(arena, first, last)) [[unlikely]] return true;
   // Only a map-ahead batch claims pages inside a range (a malloc claims its two ends).
   if (!ahead_.job_in_flight || arena != plan_arena_) return false;
   for (std::size_t i = first + 1; i < last; ++i)

@@ -173,6 +173,18 @@ class Backing {
   // lock, and it lands under it. The first block that takes such a page takes that reference
   // over; a block that needs a page still in flight waits for its batch (map_missing). The step's
   // mark gives back the references no block took.
+  //
+  // That step's mallocs catch up with the thread (a Llama step's forward pass takes most of the
+  // plan's extent within tens of milliseconds), so the region is also mapped early: during the
+  // steps before any plan is followed, while they keep beginning new shapes (they will come
+  // back), as much of it as the largest step recorded held at once in its own blocks
+  // (StepPlanner::extent_to_map_early). Those maps are aliases of chunks that were free as such a
+  // step began (a step's temporaries: free again when the plan's step begins), one chunk to a
+  // page, none aliased in the region already; each page holds a reference only while its batch
+  // is in flight (so that no chunk of the batch is stolen or unmapped meanwhile; a malloc whose
+  // page shares such a chunk waits for the batch instead of remapping), counted nowhere, and is
+  // a free mapped page once it lands. A page whose chunk is busy when the plan's step reaches it
+  // is remapped then, as any alias would be.
 
   // Stops and joins the thread (called without the engine's lock, before the engine goes), and
   // gives back what the round still holds.
@@ -275,7 +287,9 @@ class Backing {
   // done): none of them waits for the GPU before an unmap.
   bool chunk_done(ChunkId chunk) const;
   // `listed`: among the stream's arenas, where online placement looks (the plan region is not).
-  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool listed = true);
+  // No address space: OutOfMemoryError for a malloc of min_bytes, else the device's error.
+  std::uint32_t add_arena(std::uint32_t si, std::size_t min_bytes, bool listed = true,
+                          bool for_malloc = true);
   std::pair<std::size_t, std::size_t> page_span(std::uint32_t arena, DevicePtr addr,
                                                 std::size_t bytes) const;
   bool back_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes);
@@ -347,20 +361,46 @@ class Backing {
   // batch (false: nothing left); lands one; gives back one page's reference, or every reference
   // the round holds (at a mark); the thread's loop.
   void start_map_ahead();
+  // Maps `extent` bytes of the plan region early (above), for stream `si`'s plan.
+  void start_mapping_early(std::uint32_t si, std::size_t extent);
   bool book_ahead(MapJob& job);
-  void land_ahead(const MapJob& job, std::uint64_t round);
+  ChunkId early_chunk(Page& page);  // the next chunk for an early map; kNoChunk: none left
+  // Whether a chunk may be mapped early (free, on the stream's order, room for an alias, none
+  // of its pages in the plan region).
+  bool early_chunk_fits(ChunkId chunk, std::uint32_t stream) const;
+  void wake_map_ahead();  // starts the thread if there is none, and wakes it
+  bool pinned_early(std::uint32_t arena, std::size_t first, std::size_t last) const;
+  void land_ahead(const MapJob& job, std::uint64_t round, bool held);
   void give_back_ahead(std::uint32_t index);
+  void give_back_early(std::uint32_t index);
   void end_map_ahead();
   void map_ahead_loop() noexcept;
+  // The pages a held round may book beyond the step's progress (booking_limit).
+  std::size_t booking_limit();
   static constexpr std::size_t kAheadBatch = 32;      // pages a batch: ~1 ms of calls
+  // A held round books at most this many pages beyond those the step has reached (~2 ms of
+  // calls): each holds its chunk from its booking, and a step that leaves its plan, or places
+  // long-lived blocks online, needs the chunks the plan's later pages would otherwise hold.
+  static constexpr std::size_t kAheadWindow = 64;
   static constexpr std::size_t kMinAheadPages = 16;   // fewer are mapped by the step
   struct MapAhead {
     bool enabled = false;
     std::vector<std::uint32_t> queue;   // the plan region's pages, in the order of first use
     std::size_t next = 0;               // queue[next...] not booked yet
+    // A held round's: the ordinal of the block that first uses each page of the queue, and how
+    // many of them the step has reached (booking_limit).
+    std::vector<std::uint32_t> ordinals;
+    std::size_t reached = 0;
+    bool waits_for_step = false;  // the thread waits for the step to reach more of the queue
     std::vector<std::uint32_t> booked;  // pages booked this round (the reference may be a block's since)
     std::uint64_t round = 0;            // steps marked: a batch of an earlier round gives back all
+    // The round maps early (held: false): its candidate chunks, free as its step began, with the
+    // page each was found through (whose next use the early page takes on).
+    bool held = true;
+    std::vector<std::pair<ChunkId, PageId>> candidates;
+    std::size_t next_candidate = 0;
     bool job_in_flight = false;
+    bool early_in_flight = false;  // the batch in flight maps early
     bool stop = false;
     std::thread thread;
   };

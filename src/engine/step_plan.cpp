@@ -86,6 +86,7 @@ void StepPlanner::close_step() {
     // (most one-off shapes never do; planning costs O(n^2) in the step's blocks), or at once in
     // the background where shapes take turns.
     const std::size_t key = step_[0].size;
+    if (!taking_turns_) largest_peak_ = std::max(largest_peak_, peak_of(step_));
     Shape& shape = shapes_[key];
     shape.record.swap(step_);
     shape.planned = false;
@@ -98,6 +99,21 @@ void StepPlanner::close_step() {
   clock_ = 0;
   exact_ = true;
   too_long_ = false;
+}
+
+std::size_t StepPlanner::peak_of(const std::vector<Recorded>& record) {
+  std::uint32_t clock = 0;
+  for (const Recorded& r : record)
+    if (r.end != kAlive) clock = std::max(clock, r.end + 1);
+  std::vector<std::int64_t> change(clock + 1, 0);  // by the step's clock
+  for (const Recorded& r : record) {
+    if (r.end == kAlive) continue;
+    change[r.start] += static_cast<std::int64_t>(r.size);
+    change[r.end] -= static_cast<std::int64_t>(r.size);
+  }
+  std::int64_t held = 0, peak = 0;
+  for (const std::int64_t c : change) peak = std::max(peak, held += c);
+  return static_cast<std::size_t>(peak);
 }
 
 StepPlanner::Made StepPlanner::make_plan(const std::vector<Recorded>& record) {
@@ -239,11 +255,11 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   return ticket;
 }
 
-std::vector<std::pair<std::size_t, std::size_t>> StepPlanner::blocks_of_new_plan() const {
-  std::vector<std::pair<std::size_t, std::size_t>> blocks;
+std::vector<StepPlanner::PlannedBlock> StepPlanner::blocks_of_new_plan() const {
+  std::vector<PlannedBlock> blocks;
   if (!first_on_plan_ || plan_ == nullptr || step_.size() != 1) return blocks;
-  for (std::size_t k = 0; k < plan_->offsets.size(); ++k)
-    if (plan_->offsets[k] != kOnline) blocks.emplace_back(plan_->offsets[k], plan_->sizes[k]);
+  for (std::uint32_t k = 0; k < plan_->offsets.size(); ++k)
+    if (plan_->offsets[k] != kOnline) blocks.push_back({plan_->offsets[k], plan_->sizes[k], k});
   return blocks;
 }
 

@@ -77,8 +77,23 @@ class StepPlanner {
   Ticket request(std::size_t bytes);
   // At the step's first range malloc: the blocks of the plan the step begins on, if that plan
   // was made for this step (warm_up's second case: its pages of the plan region get their
-  // chunks now), as {offset, size} in the order the step takes them; empty otherwise.
-  std::vector<std::pair<std::size_t, std::size_t>> blocks_of_new_plan() const;
+  // chunks now), in the order the step takes them; empty otherwise.
+  struct PlannedBlock {
+    std::size_t offset, size;
+    std::uint32_t ordinal;  // its range malloc's, in the step (recorded() counts them)
+  };
+  std::vector<PlannedBlock> blocks_of_new_plan() const;
+  // Whether the step follows a plan (it began on one and has not left it).
+  bool following() const { return plan_ != nullptr; }
+  // At the step's first range malloc, while no plan has been followed yet: where steps keep
+  // beginning new shapes (this one and the two before it), the bytes of the plan region the
+  // first plan will want mapped: the most that any step recorded so far held at once in blocks
+  // it freed itself, which a plan's extent is at least (and, placed offline, about exactly).
+  // 0 otherwise. Backing maps that much of the region ahead, while these steps run.
+  std::size_t extent_to_map_early() const {
+    const bool varying = first_of_shape_ && (new_shapes_ & 1) && shapes_.size() >= 3;
+    return !taking_turns_ && varying && shapes_recur() && step_.size() == 1 ? largest_peak_ : 0;
+  }
   // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
   // offset. A malloc's slow path releases the engine's lock at times, so other mallocs, frees
   // and marks may come between a request and its `taken`: the ticket says which record.
@@ -153,6 +168,10 @@ class StepPlanner {
     std::size_t extent = 0;
   };
   static Made make_plan(const std::vector<Recorded>& record);
+  // The most bytes the record's blocks freed within the step held at once: a plan's extent is at
+  // least that. O(n) in the record.
+  static std::size_t peak_of(const std::vector<Recorded>& record);
+  std::size_t largest_peak_ = 0;  // of the records kept so far (extent_to_map_early)
   // Plans by the size of their step's first range malloc (each shape's first request differs
   // where shapes take turns: an activation's size depends on the length), with how many steps
   // began with it.

@@ -206,6 +206,45 @@ TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocWaitsForItsStream) {
   others_go_on_while_a_malloc_remaps(DeviceCall::synchronize_event);
 }
 
+// Steps marked, each beginning a new shape: from the third on, the engine's map-ahead thread
+// maps the plan region early, as aliases of the chunks free as the step begins, each held busy
+// while its batch is in flight. A malloc whose pages share such a chunk waits for the batch to
+// land (a millisecond on a GPU) rather than remap them: no unmap, no new chunk.
+TEST(EngineThreadUnlockMapAhead, AMallocWhoseChunkAnEarlyMapHoldsWaitsForIt) {
+  GatedDevice device;
+  EngineOptions options;
+  options.map_ahead = true;
+  Engine engine(device, options);
+  engine.mark_step();
+  for (const std::size_t len : {3, 7}) {  // records of 18 and 42 MiB held at once
+    void* a = engine.malloc(len * 4 * MiB);
+    void* b = engine.malloc(len * 2 * MiB);
+    engine.free(a);
+    engine.free(b);
+    engine.mark_step();
+  }
+  const std::uint64_t unmaps = device.sim.calls(DeviceCall::unmap);
+  const std::uint64_t creates = device.sim.calls(DeviceCall::create_chunk);
+  device.shut(DeviceCall::map);
+  // A third new shape: its first block takes 10 of the 21 mapped pages, and the thread books
+  // the other 11 chunks for the region (21 pages wanted) and is held at its first map.
+  void* first = engine.malloc(5 * 4 * MiB);
+  device.wait_until_a_call_is_held();
+  auto second = std::async(std::launch::async, [&] { return engine.malloc(5 * 2 * MiB); });
+  const bool waited = second.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready;
+  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), unmaps) << "a page was remapped meanwhile";
+  device.open();
+  void* block = second.get();
+  EXPECT_TRUE(waited) << "the block did not wait for the early batch";
+  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), unmaps);
+  EXPECT_EQ(device.sim.calls(DeviceCall::create_chunk), creates);
+  EXPECT_GT(engine.stats().num_maps_ahead, 0);
+  engine.free(block);
+  engine.free(first);
+  engine.mark_step();
+  engine.check_invariants();
+}
+
 // Held while it creates its chunks, maps them or sets their access: its pages are claimed
 // throughout. A set-access failing undoes the maps already made (MapJob), with nothing left
 // mapped that the books do not know of.

@@ -368,11 +368,13 @@ void let_map_ahead_settle(Engine& engine) {
 TEST(StepPlanThreads, ANewPlansPagesAreMappedAheadWhileItsStepRuns) {
   // The rounds of ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls with map-ahead on, the
   // program pausing after each step's first malloc (as a step's kernels run while the host
-  // waits): the new plans' pages are mapped by the engine's thread, not by the step's mallocs,
-  // and every block goes where it went without map-ahead (plans do not depend on what is
-  // mapped), with the same settling: no device call in rounds 3 and 4.
+  // waits): the plan region's pages are mapped by the engine's thread, not by the step's
+  // mallocs, and every block goes where it went without map-ahead (plans do not depend on what
+  // is mapped), with the same settling: no device call in rounds 3 and 4.
+  // Round 0's third and fourth steps begin new shapes after two others: the region is mapped
+  // early, while they run, so the first step on a plan (round 1's first) maps nothing itself.
   std::map<std::size_t, std::vector<void*>> last[2];
-  std::int64_t step_maps[2] = {0, 0}, ahead_maps = 0;
+  std::int64_t step_maps[2] = {0, 0}, ahead_maps = 0, early_maps = 0, first_plan_step_maps = -1;
   for (const bool ahead : {false, true}) {
     SimulatedDevice device;
     EngineOptions options;
@@ -382,12 +384,22 @@ TEST(StepPlanThreads, ANewPlansPagesAreMappedAheadWhileItsStepRuns) {
     Loop loop{engine};
     loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
     engine.mark_step();
-    last[ahead] = expect_rounds_settle(device, engine, [&](std::size_t len) { return loop.step(len); });
+    int steps = 0;
+    last[ahead] = expect_rounds_settle(device, engine, [&](std::size_t len) {
+      const MemoryStats before = engine.stats();
+      std::vector<void*> blocks = loop.step(len);
+      let_map_ahead_settle(engine);
+      const MemoryStats after = engine.stats();
+      if (++steps == 4) early_maps = after.num_maps_ahead;  // round 0's: made early
+      if (steps == 5 && ahead)
+        first_plan_step_maps = (after.num_maps - after.num_maps_ahead) - (before.num_maps - before.num_maps_ahead);
+      return blocks;
+    });
     const MemoryStats s = engine.stats();
     step_maps[ahead] = s.num_maps - s.num_maps_ahead;
     if (ahead) {
       ahead_maps = s.num_maps_ahead;
-      EXPECT_GE(ahead_maps, 16) << "a plan of 16 pages or more maps them ahead";
+      EXPECT_GE(early_maps, 16) << "the region of 16 pages or more is mapped early";
     } else {
       EXPECT_EQ(s.num_maps_ahead, 0);
     }
@@ -397,9 +409,53 @@ TEST(StepPlanThreads, ANewPlansPagesAreMappedAheadWhileItsStepRuns) {
     EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
   }
   EXPECT_EQ(last[0], last[1]);
-  // The steps' own maps: map-ahead took its maps off them, and made none they would not have.
-  EXPECT_LE(step_maps[1] + ahead_maps, step_maps[0]) << step_maps[1] << " + " << ahead_maps
-                                                     << " against " << step_maps[0];
+  EXPECT_EQ(first_plan_step_maps, 0) << "the first step on a plan found its pages mapped early";
+  // The steps' own maps: map-ahead took its maps off them. An early map is a forecast (a chunk
+  // free as round 0's steps begin, due last): a few of its chunks are busy when the plans want
+  // them and are mapped again (3 of 31 when this was written), so allow a quarter.
+  EXPECT_LE(step_maps[1] + ahead_maps, step_maps[0] + ahead_maps / 4)
+      << step_maps[1] << " + " << ahead_maps << " against " << step_maps[0];
+  EXPECT_LT(step_maps[1], step_maps[0] - ahead_maps / 2);
+}
+
+TEST(StepPlanThreads, AStepThatLeavesItsNewPlanHoldsNoChunksMappedAheadForIt) {
+  // Length 12's plan is first followed in round 1 (its pages beyond those mapped early are mapped
+  // ahead, the program pausing after the step's first malloc), but that step then leaves it
+  // (its second request differs) and places the rest online. The pages mapped ahead for the
+  // plan's later blocks give their chunks back at once, so the online blocks take them rather
+  // than new ones: the same peak reserved as without map-ahead. (Held to the step's end, they
+  // made lstm_varlen's replay reserve 1.83 times its peak.)
+  std::size_t peak[2] = {0, 0};
+  std::int64_t ahead_maps = 0;
+  for (const bool ahead : {false, true}) {
+    SimulatedDevice device;
+    EngineOptions options;
+    options.map_ahead = ahead;
+    Engine engine(device, options);
+    void* weights = engine.malloc(64 * MiB);
+    Loop loop{engine};
+    loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
+    engine.mark_step();
+    for (const std::size_t len : {3, 5, 4, 12}) loop.step(len);
+    for (const std::size_t len : {3, 5, 4}) loop.step(len);
+    // Length 12's first request, then blocks its plan does not know.
+    void* first = engine.malloc(3 * 12 * MiB / 2);
+    let_map_ahead_settle(engine);
+    std::vector<void*> online;
+    for (int k = 0; k < 12; ++k) online.push_back(engine.malloc(9 * MiB + 3 * 1024));
+    for (void* p : online) engine.free(p);
+    engine.free(first);
+    if (loop.carried) engine.free(loop.carried);
+    engine.mark_step();
+    let_map_ahead_settle(engine);
+    const MemoryStats s = engine.stats();
+    peak[ahead] = static_cast<std::size_t>(s.reserved_bytes[kAllPools].peak);
+    if (ahead) ahead_maps = s.num_maps_ahead;
+    engine.free(weights);
+    engine.check_invariants();
+  }
+  EXPECT_GT(ahead_maps, 0);
+  EXPECT_EQ(peak[1], peak[0]) << "peak reserved with map-ahead " << peak[1] << " against " << peak[0];
 }
 
 TEST(StepPlanThreads, AMapAheadTheDeviceFailsIsRolledBack) {
