@@ -378,10 +378,12 @@ class Backing {
   // The pages a held round may book beyond the step's progress (booking_limit).
   std::size_t booking_limit();
   static constexpr std::size_t kAheadBatch = 32;      // pages a batch: ~1 ms of calls
-  // A held round books at most this many pages beyond those the step has reached (~2 ms of
+  // A held round books at most this many pages beyond those the step has reached (~1 ms of
   // calls): each holds its chunk from its booking, and a step that leaves its plan, or places
   // long-lived blocks online, needs the chunks the plan's later pages would otherwise hold.
-  static constexpr std::size_t kAheadWindow = 64;
+  static constexpr std::size_t kAheadWindow = 32;
+  // An early round leaves the step at least 1/kEarlyReserve of the chunks held free.
+  static constexpr std::size_t kEarlyReserve = 16;
   static constexpr std::size_t kMinAheadPages = 16;   // fewer are mapped by the step
   struct MapAhead {
     bool enabled = false;

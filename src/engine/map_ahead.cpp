@@ -130,6 +130,13 @@ bool Backing::book_ahead(MapJob& job) {
     }
     // A spare, or a free chunk the stream may use now; never a new chunk nor a wait for another
     // stream: what that would take is left to the step's own malloc, which knows how.
+    // An early round leaves the step a few free chunks besides those its batch holds: a malloc
+    // that found none would create one (and hold it for good) rather than wait for the batch.
+    // It ends there; the next step's round goes on.
+    if (!ahead_.held && chunks_.held() < used_pages_ + job.pages.size() + chunks_.held() / kEarlyReserve) {
+      ahead_.next = ahead_.queue.size();
+      break;
+    }
     ChunkId chunk = kNoChunk;
     if (chunks_.has_spare()) {
       chunk = chunks_.any_spare();

@@ -54,6 +54,10 @@ class GatedDevice final : public Device {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [this] { return held_ > 0; });
   }
+  bool wait_until_a_call_is_held(std::chrono::milliseconds patience) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, patience, [this] { return held_ > 0; });
+  }
 
   void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
     pass(DeviceCall::map);
@@ -229,7 +233,10 @@ TEST(EngineThreadUnlockMapAhead, AMallocWhoseChunkAnEarlyMapHoldsWaitsForIt) {
   // A third new shape: its first block takes 10 of the 21 mapped pages, and the thread books
   // the other 11 chunks for the region (21 pages wanted) and is held at its first map.
   void* first = engine.malloc(5 * 4 * MiB);
-  device.wait_until_a_call_is_held();
+  if (!device.wait_until_a_call_is_held(std::chrono::milliseconds(5000))) {
+    device.open();
+    FAIL() << "no map-ahead batch was made early";
+  }
   auto second = std::async(std::launch::async, [&] { return engine.malloc(5 * 2 * MiB); });
   const bool waited = second.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready;
   EXPECT_EQ(device.sim.calls(DeviceCall::unmap), unmaps) << "a page was remapped meanwhile";
