@@ -1,5 +1,6 @@
-// Backing's map-ahead: a new plan's pages of the plan region mapped by a thread of Backing's
-// while the step that first follows the plan runs (backing.hpp says why and how).
+// Backing's map-ahead: the plan region's pages mapped by a thread of Backing's, early (while the
+// steps before the first plan run) and as each new plan's first step runs (backing.hpp says why
+// and how).
 #include <algorithm>
 #include <exception>
 
@@ -240,6 +241,7 @@ void Backing::end_map_ahead() {
   ahead_.next = ahead_.reached = 0;
   ahead_.candidates.clear();
   ahead_.next_candidate = 0;
+  ahead_.waits_for_step = false;
 }
 
 void Backing::map_ahead_loop() noexcept {
