@@ -327,9 +327,9 @@ void Backing::keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth,
 
 // --- pages --------------------------------------------------------------------------------------
 
-void Backing::drop_ref(std::uint32_t arena, std::size_t index, Page& p) {
+void Backing::drop_ref(std::uint32_t arena, std::size_t index, Page& p, bool counted) {
   if (--p.refs > 0) return;
-  --used_pages_;
+  if (counted) --used_pages_;
   if (!p.mapped()) return;  // a failed malloc's rollback, or a map-ahead's
   ++free_pages_;
   freed_pages_.add(page_id(arena, static_cast<std::uint32_t>(index)), p);

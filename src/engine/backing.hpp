@@ -333,8 +333,9 @@ class Backing {
   void unlocked(const std::function<void()>& calls);
   void unref_pages(std::uint32_t arena, DevicePtr addr, std::size_t bytes, std::uint64_t stamp);
   // One of page `index`'s references goes back; with the last, a mapped page is free (listed
-  // where steals look).
-  void drop_ref(std::uint32_t arena, std::size_t index, Page& p);
+  // where steals look). `counted`: the reference made the page one of used_pages_ (all but an
+  // early map's, map_ahead.cpp).
+  void drop_ref(std::uint32_t arena, std::size_t index, Page& p, bool counted = true);
   // clashes_before: how often the page to map had to be remapped before (Page::clashes);
   // planned: the page is the plan region's.
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before, bool planned);
@@ -372,7 +373,6 @@ class Backing {
   bool pinned_early(std::uint32_t arena, std::size_t first, std::size_t last) const;
   void land_ahead(const MapJob& job, std::uint64_t round, bool held);
   void give_back_ahead(std::uint32_t index);
-  void give_back_early(std::uint32_t index);
   void end_map_ahead();
   void map_ahead_loop() noexcept;
   // The pages a held round may book beyond the step's progress (booking_limit).

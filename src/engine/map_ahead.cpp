@@ -208,22 +208,14 @@ void Backing::land_ahead(const MapJob& job, std::uint64_t round, bool held) {
   if (!land_books(job)) ahead_.next = ahead_.queue.size();
   for (const std::uint32_t i : job.pages) {
     pages.at(i).in_flight = 0;
-    if (!held) {
-      give_back_early(i);
+    if (!held) {  // an early map's reference, counted nowhere (book_ahead), goes back at once
+      Page& p = pages.at(i);
+      p.ahead = 0;
+      drop_ref(plan_arena_, i, p, /*counted=*/false);
     } else if (job.error || round != ahead_.round) {
       give_back_ahead(i);
     }
   }
-}
-
-void Backing::give_back_early(std::uint32_t index) {
-  // The reference was counted nowhere (book_ahead): the page is free, and listed where steals
-  // look if it is still mapped, as any page is when its last user leaves.
-  Page& p = arenas_[plan_arena_]->pages.at(index);
-  p.ahead = 0;
-  if (--p.refs > 0 || !p.mapped()) return;
-  ++free_pages_;
-  freed_pages_.add(page_id(plan_arena_, index), p);
 }
 
 void Backing::give_back_ahead(std::uint32_t index) {

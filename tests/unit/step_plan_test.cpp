@@ -365,6 +365,26 @@ void let_map_ahead_settle(Engine& engine) {
   }
 }
 
+EngineOptions with_map_ahead(bool on) {
+  EngineOptions options;
+  options.map_ahead = on;
+  return options;
+}
+
+// The map-ahead tests' set-up: an engine on the simulated device with map-ahead on or off, 64 MiB
+// of weights, and a Loop that pauses after each step's first malloc until the map-ahead thread is
+// quiet (as a step's kernels run while the host waits); steps marked from here on.
+struct PausingLoop {
+  explicit PausingLoop(bool map_ahead) : engine(device, with_map_ahead(map_ahead)) {
+    loop.after_first_malloc = [this] { let_map_ahead_settle(engine); };
+    engine.mark_step();
+  }
+  SimulatedDevice device;
+  Engine engine;
+  void* weights = engine.malloc(64 * MiB);
+  Loop loop{engine};
+};
+
 TEST(StepPlanThreads, ANewPlansPagesAreMappedAheadWhileItsStepRuns) {
   // The rounds of ShapesTakingTurnsFollowTheirPlansWithoutDeviceCalls with map-ahead on, the
   // program pausing after each step's first malloc (as a step's kernels run while the host
@@ -376,14 +396,8 @@ TEST(StepPlanThreads, ANewPlansPagesAreMappedAheadWhileItsStepRuns) {
   std::map<std::size_t, std::vector<void*>> last[2];
   std::int64_t step_maps[2] = {0, 0}, ahead_maps = 0, early_maps = 0, first_plan_step_maps = -1;
   for (const bool ahead : {false, true}) {
-    SimulatedDevice device;
-    EngineOptions options;
-    options.map_ahead = ahead;
-    Engine engine(device, options);
-    void* weights = engine.malloc(64 * MiB);
-    Loop loop{engine};
-    loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
-    engine.mark_step();
+    PausingLoop run(ahead);
+    auto& [device, engine, weights, loop] = run;
     int steps = 0;
     last[ahead] = expect_rounds_settle(device, engine, [&](std::size_t len) {
       const MemoryStats before = engine.stats();
@@ -428,14 +442,8 @@ TEST(StepPlanThreads, AStepThatLeavesItsNewPlanHoldsNoChunksMappedAheadForIt) {
   std::size_t peak[2] = {0, 0};
   std::int64_t ahead_maps = 0;
   for (const bool ahead : {false, true}) {
-    SimulatedDevice device;
-    EngineOptions options;
-    options.map_ahead = ahead;
-    Engine engine(device, options);
-    void* weights = engine.malloc(64 * MiB);
-    Loop loop{engine};
-    loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
-    engine.mark_step();
+    PausingLoop run(ahead);
+    auto& [device, engine, weights, loop] = run;
     for (const std::size_t len : {3, 5, 4, 12}) loop.step(len);
     for (const std::size_t len : {3, 5, 4}) loop.step(len);
     // Length 12's first request, then blocks its plan does not know.
@@ -462,14 +470,8 @@ TEST(StepPlanThreads, AMapAheadTheDeviceFailsIsRolledBack) {
   // Every tenth map fails while plans begin (map-ahead's or a step's own, whichever thread makes
   // it): a failed batch gives its pages back, a step whose own map fails gets DeviceError, and
   // the books always balance; the engine goes away with a round maybe still under way.
-  SimulatedDevice device;
-  EngineOptions options;
-  options.map_ahead = true;
-  Engine engine(device, options);
-  void* weights = engine.malloc(64 * MiB);
-  Loop loop{engine};
-  loop.after_first_malloc = [&] { let_map_ahead_settle(engine); };
-  engine.mark_step();
+  PausingLoop run(true);
+  auto& [device, engine, weights, loop] = run;
   for (int round = 0; round < 4; ++round) {
     for (const std::size_t len : {3, 7, 5, 4}) {
       if (round >= 1) device.fail_call(DeviceCall::map, 10);
