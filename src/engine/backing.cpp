@@ -768,6 +768,9 @@ ChunkId Backing::acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t c
   if (const ChunkId c = steal_free_chunk(stream, Steal::waited); c != kNoChunk) return c;
   client_.reclaim();
   if (chunks_.has_spare()) return chunks_.any_spare();
+  if (const ChunkId c = steal_free_chunk(stream, Steal::waited); c != kNoChunk) return c;
+  if (!take_back_map_ahead()) return kNoChunk;
+  if (chunks_.has_spare()) return chunks_.any_spare();
   return steal_free_chunk(stream, Steal::waited);
 }
 

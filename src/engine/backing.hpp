@@ -374,6 +374,8 @@ class Backing {
   void land_ahead(const MapJob& job, std::uint64_t round, bool held);
   void give_back_ahead(std::uint32_t index);
   void end_map_ahead();
+  // Ends the round and waits for its batch in flight: false when map-ahead held no chunk.
+  bool take_back_map_ahead();
   void map_ahead_loop() noexcept;
   // The pages a held round may book beyond the step's progress (booking_limit).
   std::size_t booking_limit();

@@ -157,6 +157,10 @@ std::int64_t Backing::check_invariants() const {
       // A page mapped ahead of its plan's first use holds one reference more (map_ahead.cpp).
       const std::uint32_t expect = (it == refs[a].end() ? 0 : it->second) + p.ahead;
       seen_refs += it != refs[a].end();
+      // A page mapped ahead is one its round booked: a round that ends gives them all back.
+      if (p.ahead && (a != plan_arena_ ||
+                      std::find(ahead_.booked.begin(), ahead_.booked.end(), i) == ahead_.booked.end()))
+        violated("page " + std::to_string(i) + " holds a map-ahead reference no round booked");
       const std::uint32_t p_refs = refs_of(p);
       if (p_refs != expect)
         violated("page " + std::to_string(i) + " has " + std::to_string(p_refs) +

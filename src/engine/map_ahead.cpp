@@ -226,6 +226,7 @@ void Backing::give_back_ahead(std::uint32_t index) {
 }
 
 void Backing::end_map_ahead() {
+  ++ahead_.round;  // a batch in flight gives its pages back when it lands (land_ahead)
   for (const std::uint32_t i : ahead_.booked) give_back_ahead(i);
   ahead_.booked.clear();
   ahead_.queue.clear();
@@ -234,6 +235,18 @@ void Backing::end_map_ahead() {
   ahead_.candidates.clear();
   ahead_.next_candidate = 0;
   ahead_.waits_for_step = false;
+}
+
+bool Backing::take_back_map_ahead() {
+  // A malloc at the memory limit that found no free chunk: the chunks map-ahead holds (pages
+  // booked for the plan's later blocks, a batch in flight) are worth a wait of a millisecond;
+  // an OOM with them held would be one that stopping the thread avoids.
+  if (!ahead_.job_in_flight && ahead_.booked.empty()) return false;
+  end_map_ahead();
+  const double since = device_.host_time();
+  while (ahead_.job_in_flight) client_.wait_for_landing();
+  accounting_.stats.map_ahead_wait_us += static_cast<std::int64_t>(device_.host_time() - since);
+  return true;
 }
 
 void Backing::map_ahead_loop() noexcept {

@@ -432,6 +432,18 @@ TEST(Replay, InvariantsHoldWithStepMarks) {
   EXPECT_FALSE(result.failed) << result.failure;
 }
 
+TEST(Replay, InvariantsHoldWithMapAhead) {
+  // The same with map-ahead's thread mapping plan regions early and ahead, and its rounds ended
+  // by steps that leave their plans (whatever the thread's timing, a page it booked goes back).
+  const ShuffledRounds r = shuffled_rounds(2, 3);
+  ReplayOptions options = marked_options(r);
+  options.engine.map_ahead = true;
+  options.check_invariants = true;
+  options.check_every = 20011;
+  const ReplayResult result = replay(r.trace, options);
+  EXPECT_FALSE(result.failed) << result.failure;
+}
+
 TEST(Replay, ShapesTakingTurnsWithoutMarksStayAtPeakWhileRemapsAreCheap) {
   // llama_ckpt_varlen draws a sequence length per step, and each length lays its blocks out
   // differently. Its steps replayed again and again in shuffled order, with no step marks: every
