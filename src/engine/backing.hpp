@@ -153,7 +153,7 @@ class Backing {
   void mark_step() {
     if (stable_pages_) return;  // a plan region's pages alias online chunks
     if (!planner_.active()) clash_rule_.restart_window(device_.host_time());
-    ++ahead_.round;  // a batch in flight now gives its pages back when it lands
+    // The round ends (a batch in flight gives its pages back when it lands; its pages are booked).
     if (!ahead_.booked.empty() || ahead_.next < ahead_.queue.size()) [[unlikely]] end_map_ahead();
     planner_.mark_step();
     follow_warm_up();
@@ -397,7 +397,7 @@ class Backing {
     std::size_t reached = 0;
     bool waits_for_step = false;  // the thread waits for the step to reach more of the queue
     std::vector<std::uint32_t> booked;  // pages booked this round (the reference may be a block's since)
-    std::uint64_t round = 0;            // steps marked: a batch of an earlier round gives back all
+    std::uint64_t round = 0;            // rounds ended: a batch of an earlier round gives back all
     // The round maps early (held: false): its candidate chunks, free as its step began, with the
     // page each was found through (whose next use the early page takes on).
     bool held = true;
