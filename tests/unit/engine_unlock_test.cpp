@@ -20,6 +20,7 @@
 #include "gmem/engine.hpp"
 #include "gmem/error.hpp"
 #include "gmem/sim_device.hpp"
+#include "map_ahead_settle.hpp"
 
 namespace gmem {
 namespace {
@@ -302,17 +303,6 @@ TEST(EngineThreadUnlockMapAhead, AMallocAtTheLimitWaitsForTheChunksMapAheadHolds
   engine.free(first);
   engine.mark_step();
   engine.check_invariants();
-}
-
-// Waits until the engine's map-ahead thread has made no map for 20 ms (at most 2 s).
-void let_map_ahead_settle(Engine& engine) {
-  std::int64_t seen = -1;
-  for (int quiet = 0, k = 0; quiet < 20 && k < 2000; ++k) {
-    const std::int64_t now = engine.stats().num_maps_ahead;
-    quiet = now == seen ? quiet + 1 : 0;
-    seen = now;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 // A step that leaves its new plan while a batch mapped ahead for the plan's later blocks is in

@@ -15,6 +15,7 @@
 #include "engine/step_plan.hpp"
 #include "gmem/engine.hpp"
 #include "gmem/sim_device.hpp"
+#include "map_ahead_settle.hpp"
 
 namespace gmem {
 namespace {
@@ -352,17 +353,6 @@ TEST(StepPlan, ThreadsSharingTheStreamWithMapAheadStress) {
   EngineOptions options;
   options.map_ahead = true;  // a fifth thread maps each new plan's pages as its step runs
   threads_sharing_the_stream(options);
-}
-
-// Waits until the engine's map-ahead thread has made no map for 20 ms (at most two seconds).
-void let_map_ahead_settle(Engine& engine) {
-  std::int64_t seen = -1;
-  for (int quiet = 0, k = 0; quiet < 20 && k < 2000; ++k) {
-    const std::int64_t now = engine.stats().num_maps_ahead;
-    quiet = now == seen ? quiet + 1 : 0;
-    seen = now;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 EngineOptions with_map_ahead(bool on) {
