@@ -7,6 +7,7 @@
 // scripts/test runs these under ThreadSanitizer.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -40,13 +41,17 @@ class GatedDevice final : public Device {
     std::lock_guard lock(mutex_);
     gated_ = call;
     shut_ = true;
-    spared_ = std::thread::id();
+    spared_.clear();
   }
-  // Shut for every thread but the caller (the engine's own threads: map-ahead's).
+  // Shut for every thread but the caller and those that call spare_this_thread() (so, for the
+  // engine's own threads: map-ahead's).
   void shut_to_others(DeviceCall call) {
     shut(call);
+    spare_this_thread();
+  }
+  void spare_this_thread() {
     std::lock_guard lock(mutex_);
-    spared_ = std::this_thread::get_id();
+    spared_.push_back(std::this_thread::get_id());
   }
   // Opens the gate; with `fail`, the calls held there throw (the device is not asked).
   void open(bool fail = false) {
@@ -109,7 +114,8 @@ class GatedDevice final : public Device {
   void pass(DeviceCall call) {
     if (yield_) std::this_thread::yield();
     std::unique_lock lock(mutex_);
-    if (!shut_ || call != gated_ || std::this_thread::get_id() == spared_) return;
+    if (!shut_ || call != gated_) return;
+    if (std::find(spared_.begin(), spared_.end(), std::this_thread::get_id()) != spared_.end()) return;
     ++held_;
     changed_.notify_all();
     changed_.wait(lock, [this] { return !shut_; });
@@ -121,7 +127,7 @@ class GatedDevice final : public Device {
   std::condition_variable changed_;
   DeviceCall gated_ = DeviceCall::map;
   bool shut_ = false;
-  std::thread::id spared_;  // none: the gate holds every thread
+  std::vector<std::thread::id> spared_;  // threads the gate lets through
   bool fail_held_ = false;
   int held_ = 0;
   std::atomic<bool> yield_{false};
@@ -327,16 +333,28 @@ TEST(EngineThreadUnlockMapAhead, ARoundEndedWhileItsBatchIsInFlightGivesItsPages
   const std::int64_t ahead_before = engine.stats().num_maps_ahead;
   // Length 16 is first laid out from its plan now: its first block, on this thread, starts the
   // round, whose first batch (the second block's pages, beyond those mapped early) is held.
+  // The block is made on a thread of its own: when the batch took its turn first, the block's
+  // own maps wait behind the batch's (mapping_calls_) until the gate opens.
   device.shut_to_others(DeviceCall::map);
-  void* first = engine.malloc(16 * 4 * MiB);
+  auto starting = std::async(std::launch::async, [&] {
+    device.spare_this_thread();
+    return engine.malloc(16 * 4 * MiB);
+  });
   if (!device.wait_until_a_call_is_held(std::chrono::milliseconds(5000))) {
     device.open();
+    starting.get();
     FAIL() << "no batch was mapped ahead for the plan";
   }
   // Not the plan's: the step leaves it (and then may wait for the batch, to remap a page).
-  auto leaving = std::async(std::launch::async, [&] { return engine.malloc(9 * MiB + 3 * KiB); });
+  // Asked once the first block has been asked for (ordinal 0), whether or not it is mapped yet.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto leaving = std::async(std::launch::async, [&] {
+    device.spare_this_thread();
+    return engine.malloc(9 * MiB + 3 * KiB);
+  });
   leaving.wait_for(std::chrono::milliseconds(200));
   device.open();
+  void* first = starting.get();
   void* online = leaving.get();
   let_map_ahead_settle(engine);
   EXPECT_GT(engine.stats().num_maps_ahead, ahead_before);
