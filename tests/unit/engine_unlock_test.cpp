@@ -225,23 +225,31 @@ TEST(EngineThreadUnlockRemap, OthersGoOnWhileAMallocWaitsForItsStream) {
   others_go_on_while_a_malloc_remaps(DeviceCall::synchronize_event);
 }
 
+// The map-ahead tests below: an engine with the thread on (and `limit` as its memory limit), and
+// a marked step of two blocks, 6 * len MiB held at once.
+EngineOptions with_map_ahead(std::size_t limit = 0) {
+  EngineOptions options;
+  options.map_ahead = true;
+  options.memory_limit = limit;
+  return options;
+}
+void two_block_step(Engine& engine, std::size_t len) {
+  void* a = engine.malloc(len * 4 * MiB);
+  void* b = engine.malloc(len * 2 * MiB);
+  engine.free(a);
+  engine.free(b);
+  engine.mark_step();
+}
+
 // Steps marked, each beginning a new shape: from the third on, the engine's map-ahead thread
 // maps the plan region early, as aliases of the chunks free as the step begins, each held busy
 // while its batch is in flight. A malloc whose pages share such a chunk waits for the batch to
 // land (a millisecond on a GPU) rather than remap them: no unmap, no new chunk.
 TEST(EngineThreadUnlockMapAhead, AMallocWhoseChunkAnEarlyMapHoldsWaitsForIt) {
   GatedDevice device;
-  EngineOptions options;
-  options.map_ahead = true;
-  Engine engine(device, options);
+  Engine engine(device, with_map_ahead());
   engine.mark_step();
-  for (const std::size_t len : {3, 7}) {  // records of 18 and 42 MiB held at once
-    void* a = engine.malloc(len * 4 * MiB);
-    void* b = engine.malloc(len * 2 * MiB);
-    engine.free(a);
-    engine.free(b);
-    engine.mark_step();
-  }
+  for (const std::size_t len : {3, 7}) two_block_step(engine, len);  // 18 and 42 MiB at once
   const std::uint64_t unmaps = device.sim.calls(DeviceCall::unmap);
   const std::uint64_t creates = device.sim.calls(DeviceCall::create_chunk);
   device.shut(DeviceCall::map);
@@ -273,18 +281,9 @@ TEST(EngineThreadUnlockMapAhead, AMallocWhoseChunkAnEarlyMapHoldsWaitsForIt) {
 // of peak, with the thread's timing).
 TEST(EngineThreadUnlockMapAhead, AMallocAtTheLimitWaitsForTheChunksMapAheadHolds) {
   GatedDevice device;
-  EngineOptions options;
-  options.map_ahead = true;
-  options.memory_limit = 42 * MiB;  // the 21 chunks the records below hold at once
-  Engine engine(device, options);
+  Engine engine(device, with_map_ahead(42 * MiB));  // the 21 chunks the records below hold at once
   engine.mark_step();
-  for (const std::size_t len : {3, 7}) {
-    void* a = engine.malloc(len * 4 * MiB);
-    void* b = engine.malloc(len * 2 * MiB);
-    engine.free(a);
-    engine.free(b);
-    engine.mark_step();
-  }
+  for (const std::size_t len : {3, 7}) two_block_step(engine, len);
   device.shut(DeviceCall::map);
   // The third new shape's first block takes 10 pages; the thread books most of the other 11
   // chunks for the plan region and is held at its first map.
@@ -316,16 +315,10 @@ TEST(EngineThreadUnlockMapAhead, AMallocAtTheLimitWaitsForTheChunksMapAheadHolds
 // they stayed busy until some later step's block took the page, whatever the memory limit).
 TEST(EngineThreadUnlockMapAhead, ARoundEndedWhileItsBatchIsInFlightGivesItsPagesBackOnLanding) {
   GatedDevice device;
-  EngineOptions options;
-  options.map_ahead = true;
-  Engine engine(device, options);
+  Engine engine(device, with_map_ahead());
   engine.mark_step();
-  const auto step = [&](std::size_t len) {  // 6 * len MiB held at once
-    void* a = engine.malloc(len * 4 * MiB);
-    void* b = engine.malloc(len * 2 * MiB);
-    engine.free(a);
-    engine.free(b);
-    engine.mark_step();
+  const auto step = [&](std::size_t len) {
+    two_block_step(engine, len);
     let_map_ahead_settle(engine);
   };
   for (const std::size_t len : {3, 5, 4, 16}) step(len);
