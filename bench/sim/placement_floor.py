@@ -16,7 +16,7 @@ import gzip
 import sys
 
 PAGE = 2 << 20
-SPACE = 1 << 40
+SPACE = 1 << 40  # the end of an address space: the free range ending here is its endless tail
 
 
 def load(path):
@@ -89,6 +89,8 @@ class Space:
         self.put(a, a + size)
 
 
+# Where a block goes in its best fit [st, en). Every rule places at the bottom of the endless tail
+# (en == SPACE), as gmem does: the top of the address space is no place to pack against.
 def gmem_ends(st, en, size):  # gmem's: 16 MiB and more at the top of the fit, the rest at the bottom
     return en - size if size >= 16 << 20 and en != SPACE else st
 
@@ -121,6 +123,8 @@ def rounded(size):
 
 
 def peak_allocated(events):
+    """The trace's own peak of requested bytes, the denominator of gmem replay's ratios too (the
+    simulated blocks are rounded to 512 B, so a ratio includes that rounding, as gmem's do)."""
     live, cur, peak = {}, 0, 0
     for is_alloc, addr, size, _ in events:
         if is_alloc:
@@ -138,7 +142,8 @@ def replay(events, where, at_peak=None):
     for is_alloc, addr, size, stream in events:
         if is_alloc:
             s = spaces.setdefault(stream, Space(where))
-            live[addr] = (s, s.malloc(rounded(size)), rounded(size))
+            n = rounded(size)
+            live[addr] = (s, s.malloc(n), n)
             pages = sum(x.pages for x in spaces.values())
             if pages > most:
                 most = pages
@@ -150,8 +155,11 @@ def replay(events, where, at_peak=None):
     return most
 
 
-def shared_bound(blocks):
-    """At one moment: full pages, and partial pages packed into chunks by disjoint offsets."""
+def chunks_shared_at_peak(blocks):
+    """At one moment (the live blocks given): pages touched, and the chunks they would need if
+    partial pages could share chunks, any number of pages of any streams to a chunk as long as
+    their used offsets are disjoint, packed first fit decreasing (a heuristic, not the optimum).
+    An estimate of what choosing the pairs at the peak could save, not a bound."""
     pages = {}
     for s, a, n in blocks:
         for p in range(a // PAGE, (a + n - 1) // PAGE + 1):
@@ -175,10 +183,12 @@ def shared_online(events):
     """Online: a page that one block's end uses alone (the rest of it free) shares a chunk with
     another such page of its stream whose used offsets are disjoint, when the chunks would
     otherwise pass their most; the rest of both pages is then taken (nothing else may land
-    there) until either block goes. Returns the most chunks held at once."""
-    spaces, live, users, shares, shared, most = {}, {}, {}, {}, 0, 0
+    there) until either block goes. The partner is the first such page found (pages in the
+    order they were first used), not the best one. Returns the most chunks held at once."""
+    spaces, live, live_size, users, shares, shared, most = {}, {}, {}, {}, {}, 0, 0
 
     def sole_use(s, p):
+        """(lo, hi): the offsets of page p that one block alone uses, the rest free; else None."""
         u = users.get((id(s), p))
         if not u or len(u) != 1 or (id(s), p) in shares:
             return None
@@ -190,7 +200,6 @@ def shared_online(events):
             return None
         return lo - p * PAGE, hi - p * PAGE
 
-    live_size = {}
     for is_alloc, addr, size, stream in events:
         if is_alloc:
             s = spaces.setdefault(stream, Space(gmem_ends))
@@ -204,21 +213,21 @@ def shared_online(events):
             for p in {a // PAGE, (a + n - 1) // PAGE}:
                 if pages - shared <= most:
                     break
-                up = sole_use(s, p)
-                if up is None:
+                used_p = sole_use(s, p)
+                if used_p is None:
                     continue
                 for (sid, q) in list(users):
-                    uq = sid == id(s) and q != p and sole_use(s, q)
-                    if not uq or not (up[1] <= uq[0] or uq[1] <= up[0]):
+                    used_q = sid == id(s) and q != p and sole_use(s, q)
+                    if not used_q or not (used_p[1] <= used_q[0] or used_q[1] <= used_p[0]):
                         continue
-                    rests = []
-                    for page, (lo, hi) in ((p, up), (q, uq)):
-                        rest = [r for r in ((page * PAGE, page * PAGE + lo),
-                                            (page * PAGE + hi, (page + 1) * PAGE)) if r[1] > r[0]]
-                        for r in rest:
-                            s.take(*r)
-                        rests.append(rest)
-                    shares[(id(s), p)] = ((id(s), q), rests)
+                    held = []  # the free rest of both pages, taken while they share a chunk
+                    for page, (lo, hi) in ((p, used_p), (q, used_q)):
+                        for r in ((page * PAGE, page * PAGE + lo), (page * PAGE + hi, (page + 1) * PAGE)):
+                            if r[1] > r[0]:
+                                s.take(*r)
+                                held.append(r)
+                    # Both pages name each other; the held bytes are kept with one of them.
+                    shares[(id(s), p)] = ((id(s), q), held)
                     shares[(id(s), q)] = ((id(s), p), [])
                     shared += 1
                     break
@@ -230,12 +239,11 @@ def shared_online(events):
             for p in range(a // PAGE, (a + n - 1) // PAGE + 1):
                 users[(id(s), p)].discard(a)
             for p in {a // PAGE, (a + n - 1) // PAGE}:
-                if (id(s), p) in shares:
-                    other, rests = shares.pop((id(s), p))
-                    _, rests2 = shares.pop(other)
-                    for rest in rests + rests2:
-                        for r in rest:
-                            s.put(*r)
+                if (id(s), p) in shares:  # the share ends with either block: its held bytes go back
+                    other, held = shares.pop((id(s), p))
+                    _, held_by_other = shares.pop(other)
+                    for r in held + held_by_other:
+                        s.put(*r)
                     shared -= 1
             for p in range(a // PAGE, (a + n - 1) // PAGE + 1):
                 if not users[(id(s), p)]:
@@ -254,14 +262,15 @@ def main():
             ratios = ['%.4f' % (replay(events, where) * PAGE / peak) for _, where in PLACEMENTS]
             print('%-22s %s' % (name, '  '.join(ratios)))
         else:
-            seen = {}
-            most = replay(events, gmem_ends, lambda blocks: seen.update(b=shared_bound(list(blocks))))
-            touched, bound = seen['b']
+            at_peak = []  # the estimate at the latest rise of the pages touched: at their most
+            most = replay(events, gmem_ends,
+                          lambda blocks: at_peak.append(chunks_shared_at_peak(list(blocks))))
+            touched, shared_chunks = at_peak[-1]
+            assert touched == most
             print('%-22s pages at the peak %.4f, partial pages sharing chunks %.4f; online %.4f; '
-                  'whole pages %.4f' % (name, most * PAGE / peak, bound * PAGE / peak,
+                  'whole pages %.4f' % (name, most * PAGE / peak, shared_chunks * PAGE / peak,
                                         shared_online(events) * PAGE / peak,
                                         -(-peak // PAGE) * PAGE / peak))
-            assert touched == most
     if sys.argv[1] == 'ends':
         print('columns: ' + ' | '.join(n for n, _ in PLACEMENTS))
 
