@@ -10,6 +10,7 @@
 # of docs/engine.md's tables and the closing notes come from here.
 #   bench/replay_traces.sh [GMEM_BINARY]   (held-out traces from $HELDOUT, default .gpuwork/heldout;
 #   more replay options from $REPLAY_ARGS, e.g. REPLAY_ARGS=--map-ahead)
+# Two runs side by side, trace by trace, with the totals: bench/compare_replays.py BEFORE AFTER.
 set -u
 cd "$(dirname "$0")/.."
 gmem=${1:-build/gmem}
