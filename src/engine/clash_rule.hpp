@@ -30,10 +30,11 @@ namespace gmem::detail {
 // - By count, up to 1/kRecurringShare: each time the clashes reach half the pages in use, a clash
 //   at a page that clashed kRecurring times before counting kRecurringWeight times, the share
 //   doubles. A loop whose pages take turns in a fixed pattern needs a few more chunks than pages
-//   and settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then;
-//   since the plan region's own rule, what it still settles is a program whose phases come back,
-//   resnet50 replayed six times in one engine; where layouts never repeat it buys 0.4-0.6% for
-//   fewer remaps: docs/engine.md, "The partial pages' floor, simulated").
+//   and settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
+//   Measured again (2026-11-26), it changes no trace whose steps repeat, marked or not, gpt2_accum
+//   included; it settles a program whose phases come back (resnet50 replayed six times in one
+//   engine), and where layouts never repeat it buys 0.4-0.6% for fewer remaps (docs/engine.md,
+//   "The partial pages' floor, simulated").
 // - By cost, up to 1/kMinShare: at each such count the share doubles if remapping since it last
 //   did took more than 1/kCostlyShare of the host time since then: every clash outside a warm-up,
 //   priced kClashUs, and the waits for the stream before its unmap, as measured (with the time
