@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 
+import distributed_bench
 from common import REPO, TRACES
 
 GiB = float(1 << 30)
@@ -95,6 +96,7 @@ def build_results(work):
         alloc_ns=alloc,
         replay=read_json_lines(os.path.join(work, "replay.jsonl")),
         train=read_json_lines(os.path.join(work, "train.jsonl")),
+        distributed=read_json_lines(os.path.join(work, "distributed.jsonl")),
     )
 
 
@@ -149,6 +151,9 @@ def table(results):
                 "", "".join("%8s" % fmt(r.get("min_cap_ratio"), ".3f") for r in rows)))
 
     out.extend(train_table(results["train"]))
+    if results.get("distributed"):
+        out.extend(["", "distributed (a rank per GPU, NCCL)",
+                    distributed_bench.table(results["distributed"])])
     return "\n".join(out)
 
 

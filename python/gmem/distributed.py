@@ -4,14 +4,16 @@ the other ranks held when one of them runs out.
     import gmem.distributed
     gmem.distributed.summary()       # a collective: every rank calls it; rank 0 prints the table
     gmem.distributed.publish()       # cheap, not a collective: this rank's row into the store
+                                     # (gmem.step() does; gmem.torch after optimizer steps too)
     gmem.distributed.peers()         # the rows the other ranks published last (never waits long)
 
 Ranks are rarely balanced (the last pipeline stage, the rank holding the embedding shard), and
 NCCL and the CUDA context hold memory outside any caching allocator; each row therefore says what
 gmem holds *and* what others hold on that GPU (the device's total less its free memory less gmem's
-reserved). `gmem.step()` publishes the row while a process group is up, so that an out-of-memory
-on one rank can say what the others held without asking them (they are busy, or waiting on it in
-a collective): `gmem.run` prints that when a rank dies of an out-of-memory error.
+reserved). `gmem.step()` publishes the row while a process group is up, and gmem.torch does after
+optimizer steps (at most once a second), so that an out-of-memory on one rank can say what the
+others held without asking them (they are busy, or waiting on it in a collective): `gmem.run`
+prints that when a rank dies of an out-of-memory error.
 """
 
 import json
@@ -167,6 +169,25 @@ def publish(row=None, store=None, device=None):
     return True
 
 
+# publish_now_and_then's pace: a row a second costs a training loop nothing it would notice (a
+# store write, tens of microseconds) and is fresh enough to say what a rank held.
+PUBLISH_EVERY_S = 1.0
+_last_published = [float("-inf")]
+
+
+def publish_now_and_then(device=None):
+    """publish(), at most once every PUBLISH_EVERY_S seconds (the first call publishes): what
+    gmem.torch runs after each optimizer step. A no-op without a process group. Returns whether
+    it published."""
+    if _dist() is None:
+        return False
+    now = time.monotonic()
+    if now - _last_published[0] < PUBLISH_EVERY_S:
+        return False
+    _last_published[0] = now
+    return publish(device=device)
+
+
 def peers(world_size=None, rank=None, store=None, timeout=2.0):
     """What the other ranks published last: {rank: row}, without ranks that never published or
     did not answer within `timeout` seconds in all (the store may be down: never hangs longer)."""
@@ -214,6 +235,7 @@ def oom_context(device=None, timeout=2.0):
         lines.append("  (rank %d: as of %.0f s ago)" % (r, max(0.0, now - others[r]["time"])))
     missing = [r for r in range(world) if r != rank and r not in others]
     if missing:
-        lines.append("no word from rank%s %s (they publish at gmem.step(); call it once a step)" % (
-            "s" if len(missing) > 1 else "", ", ".join(map(str, missing))))
+        lines.append("no word from rank%s %s (ranks publish at gmem.step(), and under gmem.torch "
+                     "after optimizer steps)" % ("s" if len(missing) > 1 else "",
+                                                 ", ".join(map(str, missing))))
     return "\n".join(lines)

@@ -24,7 +24,7 @@ import collections
 import os
 import warnings
 
-from . import _lib, _shim, _summary, memory
+from . import _lib, _shim, _summary, distributed, memory
 from .errors import GmemError
 from . import observe
 from .observe import track_modules  # noqa: F401  (gmem.torch.track_modules(model))
@@ -82,7 +82,10 @@ def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
     shapes take turns (sequence lengths drawn per step) are laid out from their last occurrence:
     at peak allocated and with no device calls once every shape has come back (docs/engine.md,
     "Planned step layouts"). None (the default): on, unless GMEM_PLAN_STEPS=0. A program whose
-    steps keep their shape is laid out as without marks.
+    steps keep their shape is laid out as without marks. Whether or not it marks, in a
+    torch.distributed job the rank's row goes to the process group's store after an optimizer
+    step, at most once a second (gmem.distributed.publish_now_and_then), so that a rank that runs
+    out of memory says what the others held with no gmem call in the program.
 
     full: use gmem's complete CUDAAllocator (None: unless GMEM_TORCH_ALLOCATOR=0); when it cannot
     be built, warn once and fall back to the pluggable route.
@@ -110,30 +113,33 @@ def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
             _warn_fallback(str(e))
         else:
             _install_full(library)
-            _plan_steps(plan_steps)
+            _hook_optimizer_steps(plan_steps)
             return
     _enable_pluggable(torch, oom_shim)
-    _plan_steps(plan_steps)
+    _hook_optimizer_steps(plan_steps)
 
 
-def _plan_steps(plan_steps):
+def _hook_optimizer_steps(plan_steps):
+    """After every optimizer step (torch.optim's global step post-hook), without a change to the
+    training loop: gmem.mark_step() when steps are planned, so that steps whose shapes take turns
+    are laid out from their last occurrence (docs/engine.md, "Planned step layouts"); and in a
+    torch.distributed job, this rank's row into the store now and then (what gmem.run's report
+    of an out-of-memory on another rank reads)."""
     if plan_steps is None:
         plan_steps = os.environ.get("GMEM_PLAN_STEPS", "") != "0"
-    if plan_steps:
-        _mark_steps_at_optimizer_steps()
-
-
-def _mark_steps_at_optimizer_steps():
-    """gmem.mark_step() after every optimizer step (torch.optim's global step post-hook), so that
-    steps whose shapes take turns are laid out from their last occurrence without a change to the
-    training loop (docs/engine.md, "Planned step layouts")."""
     try:  # (torch.optim does not keep `optimizer` as an attribute: import from the module)
         from torch.optim.optimizer import register_optimizer_step_post_hook as register
     except ImportError:  # PyTorch before 2.0: no global optimizer hooks, no marks
         return
     if _state["step_hook"] is not None:
         return
-    _state["step_hook"] = register(lambda opt, args, kwargs: memory.mark_step())
+
+    def after_optimizer_step(optimizer, args, kwargs):
+        if plan_steps:
+            memory.mark_step()
+        distributed.publish_now_and_then()
+
+    _state["step_hook"] = register(after_optimizer_step)
 
 
 def _warn_fallback(reason):

@@ -151,6 +151,27 @@ class StoreTest(WithFakeGroup):
         self.assertIn("6.00 GiB", text)  # what rank 0 held
         self.assertIn("no word from rank 2", text)
 
+    def test_publish_now_and_then_publishes_at_most_once_a_second(self):
+        store = FakeStore()
+        clock = [100.0]
+        with self.group(0, 2, []), mock.patch.object(distributed, "_store", lambda: store), \
+                mock.patch.object(distributed.time, "monotonic", lambda: clock[0]), \
+                mock.patch.object(distributed, "_last_published", [float("-inf")]):
+            self.assertTrue(distributed.publish_now_and_then(), "the first call publishes")
+            first = store.data.pop(distributed.STORE_PREFIX + "0")
+            self.assertEqual(json.loads(first)["rank"], 0)
+            clock[0] += 0.5
+            self.assertFalse(distributed.publish_now_and_then())
+            self.assertEqual(store.data, {}, "not again within the second")
+            clock[0] += 0.6
+            self.assertTrue(distributed.publish_now_and_then())
+            self.assertIn(distributed.STORE_PREFIX + "0", store.data)
+
+    def test_publish_now_and_then_without_a_group_does_nothing(self):
+        with mock.patch.dict(sys.modules, {"torch": None}), \
+                mock.patch.object(distributed, "_last_published", [float("-inf")]):
+            self.assertFalse(distributed.publish_now_and_then())
+
     def test_a_broken_store_does_not_break_the_step(self):
         class Broken(FakeStore):
             def set(self, key, value):

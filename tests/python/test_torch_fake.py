@@ -161,17 +161,34 @@ class EnableTest(TorchFakeTestCase):
         os.environ.pop("GMEM_PLAN_STEPS", None)
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
         self.assertEqual(len(hooks), 1, "a hook by default")
+        self.assertEqual(self.marks_made_by(hooks[0]), 1)
         gmem.torch._reset_for_tests()
         os.environ["GMEM_PLAN_STEPS"] = "0"  # install() restores the environment afterwards
         gmem.torch.enable(oom_shim=False, _allow_simulated=True)
-        self.assertEqual(hooks, [], "GMEM_PLAN_STEPS=0 turns it off")
+        self.assertEqual(self.marks_made_by(hooks[0]), 0, "GMEM_PLAN_STEPS=0 turns marks off")
         gmem.torch._reset_for_tests()
         gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=True)
-        self.assertEqual(len(hooks), 1, "plan_steps=True asks for it whatever the environment says")
+        self.assertEqual(self.marks_made_by(hooks[0]), 1,
+                         "plan_steps=True asks for them whatever the environment says")
         gmem.torch._reset_for_tests()
         os.environ.pop("GMEM_PLAN_STEPS", None)
         gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=False)
-        self.assertEqual(hooks, [], "plan_steps=False turns it off")
+        self.assertEqual(self.marks_made_by(hooks[0]), 0, "plan_steps=False turns marks off")
+
+    def marks_made_by(self, hook):
+        """Step marks one optimizer step's hook makes."""
+        with mock.patch.object(gmem.memory, "mark_step") as mark_step:
+            hook(object(), (), {})
+        return mark_step.call_count
+
+    def test_the_optimizer_hook_publishes_this_rank_under_a_process_group(self):
+        # With marks off too: the row is what another rank's out-of-memory report reads.
+        hooks = self.install_with_optimizer_hooks()
+        gmem.torch.enable(oom_shim=False, _allow_simulated=True, plan_steps=False)
+        with mock.patch.object(gmem.distributed, "publish_now_and_then") as publish:
+            hooks[0](object(), (), {})
+            hooks[0](object(), (), {})
+        self.assertEqual(publish.call_count, 2)
 
     def test_statistics_are_answered_by_gmem(self):
         torch = self.install(fake_torch())
