@@ -537,6 +537,10 @@ bool Backing::plan_maps(std::uint32_t arena, DevicePtr addr, std::size_t bytes, 
     forget_maps(job, 0);
     unref_pages(arena, addr, bytes, streams_.progress.stamp(stream));
   };
+  if (!could_back(last - first + 1)) [[unlikely]] {
+    rollback();
+    return false;
+  }
   try {
     for (std::size_t i = first; i <= last; ++i) {
       Page& p = pages.at(i);
@@ -893,6 +897,26 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   }
   freed_pages_.sweep();
   return chunk;
+}
+
+bool Backing::could_back(std::size_t pages) {
+  // At most one page of a chunk is in use at a time, so a block needs a chunk for each of its
+  // pages: those held may serve, the rest must be created.
+  if (pages * granularity_ > limit_) {
+    oom_reason_ = "limit";
+    return false;
+  }
+  const std::size_t held = chunks_.held();
+  if (pages <= held + kAskDeviceBeyond) return true;  // a few to create: the creates will tell
+  DeviceMemInfo info;
+  try {
+    info = device_.mem_info();
+  } catch (const DeviceError&) {
+    return true;  // no answer: the creates will tell
+  }
+  if ((pages - held) * granularity_ <= info.free) return true;
+  oom_reason_ = "device";
+  return false;
 }
 
 ChunkId Backing::create_chunk() {

@@ -340,6 +340,14 @@ class Backing {
   // planned: the page is the plan region's.
   ChunkId acquire_chunk(std::uint32_t stream, int& stage, std::uint32_t clashes_before, bool planned);
   ChunkId create_chunk();  // kNoChunk when the limit or the device says no
+  // Whether a block of `pages` pages may be backed at all: false (oom_reason_ says why) when its
+  // pages alone are over the limit, or when the chunks it must create, kAskDeviceBeyond or more
+  // beyond those held, are more than the device has free (one cuMemGetInfo). So a malloc that
+  // cannot succeed is refused before it creates anything: on an H200, a 140.8 GiB request under
+  // a 139.8 GiB limit created the 130 GiB the device had free (65,000 cuMemCreate, then as many
+  // cuMemRelease) before it failed, and peak reserved read 138 GiB ever after.
+  bool could_back(std::size_t pages);
+  static constexpr std::size_t kAskDeviceBeyond = 512;
   // How steal_free_chunk may take a free chunk mapped elsewhere: only one the stream may use
   // now (its other streams known to be done, after a poll); also one another stream freed and
   // may still use, the stream made to wait for it on the GPU (hand_over_chunk: no host wait, no

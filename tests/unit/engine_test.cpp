@@ -535,6 +535,58 @@ TEST(Engine, DeviceOutOfMemoryIsReportedAsSuch) {
   engine.check_invariants();
 }
 
+TEST(Engine, AMallocThatCannotFitCreatesNothingBeforeItFails) {
+  // Over the limit, or needing more new chunks than the device has free: refused before a chunk
+  // is created, so neither time nor the peak of reserved memory goes on chunks given back at once.
+  SimDeviceOptions o = device_of(4 * GiB);
+  o.used_by_others = 1 * GiB;
+  SimulatedDevice device(o);
+  Engine engine(device, EngineOptions{.memory_limit = 3 * GiB});
+  engine.free(engine.malloc(8 * MiB));  // four chunks held, one page of them
+  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
+  const std::int64_t peak = engine.stats().reserved_bytes[kAllPools].peak;
+  for (const auto& [bytes, reason] :
+       {std::pair{3 * GiB + 1, "limit"}, std::pair{4 * GiB, "limit"}, std::pair{2 * GiB + 2 * MiB, ""}}) {
+    SCOPED_TRACE(bytes);
+    if (*reason == '\0') {  // fits the limit and the device: made, as before
+      engine.free(engine.malloc(bytes));
+      continue;
+    }
+    try {
+      engine.malloc(bytes);
+      FAIL() << "malloc of " << bytes << " bytes succeeded";
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_EQ(e.info().reason, reason);
+    }
+    EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for nothing";
+    EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].peak, peak);
+  }
+  engine.check_invariants();
+}
+
+TEST(Engine, AMallocBeyondWhatTheDeviceHasFreeCreatesNothingBeforeItFails) {
+  // No limit, but others hold 3 of the device's 4 GiB: a 1.5 GiB block needs more new chunks
+  // than the device has, which one cuMemGetInfo tells before any is created.
+  SimDeviceOptions o = device_of(4 * GiB);
+  o.used_by_others = 3 * GiB;
+  SimulatedDevice device(o);
+  Engine engine(device);
+  engine.free(engine.malloc(8 * MiB));
+  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
+  const std::int64_t peak = engine.stats().reserved_bytes[kAllPools].peak;
+  try {
+    engine.malloc(1536 * MiB);
+    FAIL() << "malloc beyond the device's free memory succeeded";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.info().reason, "device");
+  }
+  EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for nothing";
+  EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].peak, peak);
+  engine.check_invariants();
+  engine.free(engine.malloc(1000 * MiB));  // what fits still does
+  engine.check_invariants();
+}
+
 TEST(Engine, DetailedStatsSayWhatIsHeldOutsideGmem) {
   // The CUDA context, NCCL and other processes hold memory gmem never sees: the device's total
   // less what is free less what gmem holds. Asked of the device only for the detailed stats.
