@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gmem/engine.hpp"
@@ -535,32 +536,33 @@ TEST(Engine, DeviceOutOfMemoryIsReportedAsSuch) {
   engine.check_invariants();
 }
 
-TEST(Engine, AMallocThatCannotFitCreatesNothingBeforeItFails) {
-  // Over the limit, or needing more new chunks than the device has free: refused before a chunk
-  // is created, so neither time nor the peak of reserved memory goes on chunks given back at once.
+// Asks for `bytes`, which cannot fit: OutOfMemoryError for `reason`, and not one chunk created
+// first, so that neither time nor the peak of reserved memory goes on chunks given back at once.
+void expect_refused_before_any_create(SimulatedDevice& device, Engine& engine, std::size_t bytes,
+                                      const std::string& reason) {
+  SCOPED_TRACE(bytes);
+  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
+  const std::int64_t peak = engine.stats().reserved_bytes[kAllPools].peak;
+  try {
+    engine.malloc(bytes);
+    ADD_FAILURE() << "malloc of " << bytes << " bytes succeeded";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.info().reason, reason);
+  }
+  EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for nothing";
+  EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].peak, peak);
+  engine.check_invariants();
+}
+
+TEST(Engine, AMallocOverTheLimitCreatesNothingBeforeItFails) {
   SimDeviceOptions o = device_of(4 * GiB);
   o.used_by_others = 1 * GiB;
   SimulatedDevice device(o);
   Engine engine(device, EngineOptions{.memory_limit = 3 * GiB});
-  engine.free(engine.malloc(8 * MiB));  // four chunks held, one page of them
-  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
-  const std::int64_t peak = engine.stats().reserved_bytes[kAllPools].peak;
-  for (const auto& [bytes, reason] :
-       {std::pair{3 * GiB + 1, "limit"}, std::pair{4 * GiB, "limit"}, std::pair{2 * GiB + 2 * MiB, ""}}) {
-    SCOPED_TRACE(bytes);
-    if (*reason == '\0') {  // fits the limit and the device: made, as before
-      engine.free(engine.malloc(bytes));
-      continue;
-    }
-    try {
-      engine.malloc(bytes);
-      FAIL() << "malloc of " << bytes << " bytes succeeded";
-    } catch (const OutOfMemoryError& e) {
-      EXPECT_EQ(e.info().reason, reason);
-    }
-    EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for nothing";
-    EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].peak, peak);
-  }
+  engine.free(engine.malloc(8 * MiB));  // four chunks held
+  expect_refused_before_any_create(device, engine, 3 * GiB + 1, "limit");
+  expect_refused_before_any_create(device, engine, 4 * GiB, "limit");
+  engine.free(engine.malloc(2 * GiB + 2 * MiB));  // what fits the limit and the device still does
   engine.check_invariants();
 }
 
@@ -572,17 +574,7 @@ TEST(Engine, AMallocBeyondWhatTheDeviceHasFreeCreatesNothingBeforeItFails) {
   SimulatedDevice device(o);
   Engine engine(device);
   engine.free(engine.malloc(8 * MiB));
-  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
-  const std::int64_t peak = engine.stats().reserved_bytes[kAllPools].peak;
-  try {
-    engine.malloc(1536 * MiB);
-    FAIL() << "malloc beyond the device's free memory succeeded";
-  } catch (const OutOfMemoryError& e) {
-    EXPECT_EQ(e.info().reason, "device");
-  }
-  EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for nothing";
-  EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].peak, peak);
-  engine.check_invariants();
+  expect_refused_before_any_create(device, engine, 1536 * MiB, "device");
   engine.free(engine.malloc(1000 * MiB));  // what fits still does
   engine.check_invariants();
 }
