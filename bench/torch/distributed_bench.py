@@ -27,6 +27,7 @@ ends (torchrun stops rank 0, which waits in a collective for rank 1) within its 
 """
 
 import argparse
+import io
 import json
 import os
 import re
@@ -45,9 +46,10 @@ WARMUP = 3
 def worker(args):
     """One rank: runs the model's steps and sends its row to rank 0, which emits every row."""
     local_rank = int(os.environ["LOCAL_RANK"])
+    gmem_torch = None
     if args.allocator == "gmem":
-        import gmem.torch
-        gmem.torch.enable()
+        from gmem import torch as gmem_torch
+        gmem_torch.enable()
     import torch
     import torch.distributed as dist
 
@@ -56,6 +58,8 @@ def worker(args):
     torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Deterministic kernels where PyTorch has them (warn_only: the others run as they are), so
+    # that the losses of two runs differ by what no allocator can change.
     torch.use_deterministic_algorithms(True, warn_only=True)
     factory = {"gpt2_ddp": models.ddp_train_step, "llama_fsdp": models.fsdp_train_step}[args.model]
     total_steps = WARMUP + args.steps
@@ -70,7 +74,7 @@ def worker(args):
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
         if i == args.oom_at and rank == args.oom_rank:
-            free, total = torch.cuda.mem_get_info()
+            total = torch.cuda.mem_get_info()[1]
             torch.empty(total + (1 << 30), dtype=torch.uint8, device="cuda")
 
     free, total = torch.cuda.mem_get_info()
@@ -82,11 +86,9 @@ def worker(args):
                peak_reserved=torch.cuda.max_memory_reserved(),
                outside=total - free - torch.cuda.memory_reserved(), device_total=total,
                shapes=step.shapes)
-    if args.allocator == "gmem":
-        import io
-        import gmem.torch
+    if gmem_torch is not None:
         text = io.StringIO()
-        gmem.torch.distributed_summary(file=text)
+        gmem_torch.distributed_summary(file=text)
         row["summary"] = text.getvalue()
     rows = [None] * world
     dist.all_gather_object(rows, row)
