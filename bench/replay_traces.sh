@@ -8,8 +8,9 @@
 # twice or more (`gmem replay --steps`), and the share of the buffers the trace's allocator made
 # anew in their place (same address, same size) that gmem put back in theirs too. The figures
 # of docs/engine.md's tables and the closing notes come from here.
-#   bench/replay_traces.sh [GMEM_BINARY]   (held-out traces from $HELDOUT, default .gpuwork/heldout;
-#   more replay options from $REPLAY_ARGS, e.g. REPLAY_ARGS=--map-ahead)
+#   bench/replay_traces.sh [GMEM_BINARY]   (tests/data, then bench/data's traces that miss the
+#   target, then held-out traces from $HELDOUT, default .gpuwork/heldout, those of a name already
+#   replayed left out; more replay options from $REPLAY_ARGS, e.g. REPLAY_ARGS=--map-ahead)
 # Two runs side by side, trace by trace, with the totals: bench/compare_replays.py BEFORE AFTER.
 set -u
 cd "$(dirname "$0")/.."
@@ -37,9 +38,12 @@ marks() {
     *) echo minima ;;
   esac
 }
-for f in tests/data/*.trace.csv.gz "$heldout"/*.trace.csv.gz; do
+seen=" "
+for f in tests/data/*.trace.csv.gz bench/data/*.trace.csv.gz "$heldout"/*.trace.csv.gz; do
   [ -f "$f" ] || continue
   name=$(basename "$f" .trace.csv.gz)
+  case $seen in *" $name "*) continue ;; esac
+  seen="$seen$name "
   how=$(marks "$name")
   case $how in
     unmarked) args=(--no-plan) ;;
