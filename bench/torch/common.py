@@ -32,6 +32,19 @@ def emit(record, out=None):
             f.write(line + "\n")
 
 
+def read_json_lines(path):
+    """The records `emit` appended to `path`, in order; none when it does not exist. Lines that
+    are not JSON objects (a run's other output) are skipped."""
+    records = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    records.append(json.loads(line))
+    return records
+
+
 def trace_rows(path):
     """A trace's block events, in order, each with the index of its row among the trace's data
     rows (the event numbers `gmem replay` reports): (row, (1, addr, size)) for alloc, (row, (0,

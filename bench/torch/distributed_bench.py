@@ -28,7 +28,6 @@ ends (torchrun stops rank 0, which waits in a collective for rank 1) within its 
 
 import argparse
 import io
-import json
 import os
 import re
 import statistics
@@ -36,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from common import HERE, PYTHON_DIR, emit
+from common import HERE, PYTHON_DIR, emit, read_json_lines
 
 MODELS = ("gpt2_ddp", "llama_fsdp")
 ALLOCATORS = ("native", "expandable", "gmem", "native2")
@@ -116,13 +115,6 @@ def torchrun(gpus, script_args, module=None, env=None, timeout=300):
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         return None, out, time.monotonic() - t0
-
-
-def read_records(out_file):
-    if not os.path.exists(out_file):
-        return []
-    with open(out_file) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def rank_rows(records, model, allocator):
@@ -224,7 +216,7 @@ def main():
             code, output, took = torchrun(gpus, ["--model", model, "--allocator", allocator,
                                                  "--steps", str(args.steps), "--out", out_file],
                                           env=env, timeout=args.timeout)
-            rows = rank_rows(read_records(out_file), model, allocator)
+            rows = rank_rows(read_json_lines(out_file), model, allocator)
             bad = [r["rank"] for r in rows if any(l != l or abs(l) == float("inf")
                                                   for l in r["losses"])]
             ok = code == 0 and len(rows) == gpus and not bad
@@ -235,7 +227,7 @@ def main():
                 print(output[-6000:])
             elif allocator == "gmem":
                 print(rows[0].get("summary", ""))
-    print(table(read_records(out_file), models))
+    print(table(read_json_lines(out_file), models))
     return 1 if failed else 0
 
 

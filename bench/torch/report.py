@@ -14,20 +14,9 @@ import re
 import shutil
 
 import distributed_bench
-from common import REPO, TRACES
+from common import REPO, TRACES, read_json_lines
 
 GiB = float(1 << 30)
-
-
-def read_json_lines(path):
-    records = []
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line.startswith("{"):
-                    records.append(json.loads(line))
-    return records
 
 
 def read_text(path):

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from common import HERE, PYTHON_DIR, emit
+from common import HERE, PYTHON_DIR, emit, read_json_lines
 
 HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # models.py
             "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled",
@@ -330,8 +330,7 @@ def show(paths):
     """Prints each run of the JSON-lines files `paths`: time, reserved / allocated, and gmem's maps
     step by step (the GPU scripts' summary)."""
     for path in paths:
-        for line in open(path):
-            r = json.loads(line)
+        for r in read_json_lines(path):
             print(f"{r['model']:20} {r['allocator']:10} median {r.get('median_ms', 0):7.1f} "
                   f"total {r.get('total_ms', 0):7.0f} ms  reserved/allocated {r.get('reserved_ratio')}  "
                   f"maps after warm-up {r.get('maps_after_warmup')} {r.get('error', '')}")
