@@ -3,7 +3,7 @@
 each trace and page size: peak reserved / peak allocated, the smallest capacity / peak allocated,
 device calls (creates + maps + unmaps) over the whole replay and in its second half, and the
 modelled host time in device calls (kDeviceCallPrices: each map, set-access and unmap priced per
-chunk, as gpu/chunk_size_calls.cu measured). docs/engine.md, "Page size", has its numbers.
+chunk, as gpu/chunk_size_calls.cu measured). docs/notes/2026-11-24-page-size-the-driver-prices-a-call-per-chunk-not-per-byte.md, has its numbers.
 
     python3 bench/replay_page_sizes.py [--gmem build/gmem] [--sizes 2M,4M,8M,16M] TRACE...
 """

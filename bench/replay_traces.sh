@@ -7,7 +7,7 @@
 # device ms a step there, and the calls made in new steps / steps seen once before / steps seen
 # twice or more (`gmem replay --steps`), and the share of the buffers the trace's allocator made
 # anew in their place (same address, same size) that gmem put back in theirs too. The figures
-# of docs/engine.md's tables and the closing notes come from here.
+# of the notebook's tables (docs/notes/) and the closing notes come from here.
 #   bench/replay_traces.sh [GMEM_BINARY]   (tests/data, then bench/data's traces that miss the
 #   target, then held-out traces from $HELDOUT, default .gpuwork/heldout, those of a name already
 #   replayed left out; more replay options from $REPLAY_ARGS, e.g. REPLAY_ARGS=--map-ahead)

@@ -4,7 +4,7 @@
 // (the size of gmem's plan region for a Llama run) -- or, with helper 0, does nothing. On an H100
 // (driver 580, 2026-11-24) the launches took 3.46-4.10 us each with the helper mapping (111-123 ms
 // for its 3,000 pages, 37-41 us a page) and 3.70-3.95 us without: the mapping costs the launching
-// thread nothing (docs/engine.md, "Timed live"). Build and run on a GPU machine:
+// thread nothing (docs/notes/2026-11-24-timed-live-the-planned-path-is-not-it.md). Build and run on a GPU machine:
 //   nvcc -O2 -o background_maps gpu/background_maps.cu -lcuda && ./background_maps 3000 0 && ./background_maps 3000 1
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -2,8 +2,7 @@
 // maps it at Y, unmaps X before setting access on Y, then maps it at a third address Z. On an
 // H100 (driver 580, 2026-11-24) this never failed in 600 runs, in any variant (kernels busy on
 // another stream, the second map made while the first kernel ran), while the same order made by two
-// threads broke the chunk (its map at Z failed with CUDA_ERROR_UNKNOWN; docs/engine.md, "A driver
-// rule"). Build and run on a GPU machine:
+// threads broke the chunk (its map at Z failed with CUDA_ERROR_UNKNOWN; docs/design.md#a-driver-rule). Build and run on a GPU machine:
 //   nvcc -arch=sm_90 -o driver_alias_order gpu/driver_alias_order.cu -lcuda && ./driver_alias_order
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -290,7 +290,7 @@ TEST_F(GpuTest, LargerPagesKeepDataAndStitchWholeChunks) {
   for (const Block& b : live) engine.free(b.ptr);
 }
 
-// A malloc maps, creates and unmaps with the engine's lock released (docs/engine.md): four
+// A malloc maps, creates and unmaps with the engine's lock released (docs/design.md, "Device calls outside the lock"): four
 // threads, two to a stream (their blocks share boundary pages), stitch under a limit at once;
 // CheckingDevice sees no address mapped twice, and every block keeps its bytes.
 TEST_F(GpuTest, ThreadsStitchAtOnceAndKeepTheirData) {

@@ -2,7 +2,7 @@
 // allocation, at a nonzero offset? cuda.h (13.0) describes the offset ("maps bytes of memory
 // represented by handle starting from byte offset") but its parameter note still says "currently
 // must be zero". If it may, one large chunk could be created once and its 2 MiB pieces aliased one
-// by one (docs/engine.md, "Left to do": chunks of several sizes). Creates a 64 MiB chunk, maps it
+// by one (docs/notes/left-to-do.md: chunks of several sizes). Creates a 64 MiB chunk, maps it
 // whole, writes a distinct value into each 2 MiB piece, then maps pieces 1 and 17 on their own
 // elsewhere, reads them back through the alias, writes through the alias and reads through the
 // whole mapping; also times 32 piece maps + set-access against 32 chunks of 2 MiB.

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The clash rule's purchases taken away one part at a time: each variant edits a constant of
 # src/engine/clash_rule.hpp, rebuilds, replays every trace (bench/replay_traces.sh) and compares
-# with the default; the file is restored at the end. Figures of docs/engine.md, "What the misses
-# are made of". Needs a Release build in build/ (README); about a minute.
+# with the default; the file is restored at the end. Figures of docs/notes/2026-11-28-what-the-misses-are-made-of.md. Needs a Release build in build/ (README); about a minute.
 #   bench/sim/clash_rule_ablation.sh > bench/results/DATE-vm-clash-rule-ablation.txt
 set -u
 cd "$(dirname "$0")/../.."

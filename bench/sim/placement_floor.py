@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How many 2 MiB pages a trace's live blocks touch at once under an online placement, and what
-two ideas would save: a study behind docs/engine.md, "The partial pages' floor, simulated".
+two ideas would save: a study behind docs/notes/2026-11-26-the-partial-pages-floor-simulated-and-moving-off-pages-that-would-wait.md.
 
   python3 bench/sim/placement_floor.py ends TRACE...     pages at the peak under six placements
   python3 bench/sim/placement_floor.py share TRACE...    chunks shared by partial pages: the

@@ -16,7 +16,7 @@
 # `capture` records each one's allocation trace under
 # the native allocator (and its peaks under expandable segments) for `gmem replay`; `live` runs each under native, expandable
 # and gmem (4 warm-up + 8 timed steps) and prints reserved / allocated, time and gmem's maps
-# step by step. docs/engine.md, "Held-out traces". On the GPU machine, from the repository root:
+# step by step. docs/notes/2026-11-24-held-out-traces.md. On the GPU machine, from the repository root:
 #   bench/torch/heldout.sh capture|live [batch2|program...]   (results under $OUT or /tmp)
 set -u
 cd "$(dirname "$0")/../.."

@@ -6,7 +6,7 @@ after WARM, under ALLOC=gmem (the default; GMEM_LIBRARY names the library) or na
 
     MODEL=distill WARM=8 STEPS=30 ALLOC=gmem python3 bench/torch/host_time.py
 
-Used for docs/engine.md ("A fixed-shape loop can run ~1% slower than native").
+Used for docs/notes/left-to-do.md ("A fixed-shape loop can run ~1% slower than native").
 """
 import json
 import os

@@ -327,7 +327,7 @@ def resnet50_train_eval_step(torch, steps, seed=0):
 
 # --- held-out workloads --------------------------------------------------------------------------
 # Programs whose traces gmem's policy was never tuned on: captured to check that what holds on the
-# traces in tests/data holds elsewhere (bench/torch/heldout.sh; docs/engine.md, "Held-out traces").
+# traces in tests/data holds elsewhere (bench/torch/heldout.sh; docs/notes/2026-11-24-held-out-traces.md).
 
 
 def vit_step(torch, steps, seed=0, batch=64):

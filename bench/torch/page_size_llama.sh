@@ -2,7 +2,7 @@
 # Live Llama (train_bench's checkpointed, varying-length run) under native and under gmem at
 # several page sizes (GMEM_PAGE_SIZE), alternated for ROUNDS rounds of STEPS timed steps each;
 # prints each run's total time, the slowest step, reserved / allocated and the maps made after
-# warm-up. docs/engine.md, "Page size". Run on the GPU machine from the repository root:
+# warm-up. docs/notes/2026-11-24-page-size-the-driver-prices-a-call-per-chunk-not-per-byte.md. Run on the GPU machine from the repository root:
 #   STEPS=10 ROUNDS=2 SIZES="2M 4M 8M" bench/torch/page_size_llama.sh  (results under $OUT or /tmp)
 set -u
 cd "$(dirname "$0")/../.."

@@ -5,7 +5,7 @@ called back to back and between a step's launches. ALLOC=gmem (the default) or n
 
     ALLOC=gmem python3 bench/torch/poll_cost.py
 
-Used for docs/engine.md ("a ninth batch": fabric_train); results in
+Used for docs/notes/2026-11-25-held-out-traces-a-ninth-batch-rollouts-ema-a-static-cache-under-cuda.md ("a ninth batch": fabric_train); results in
 bench/results/*-poll-cost.jsonl.
 """
 import json

@@ -11,8 +11,7 @@ Stages, each until the first out-of-memory error: 1 GiB tensors, then 32 MiB, th
 device memory from the driver, outside any allocator); the same after torch.cuda.empty_cache();
 one tensor of 90% of what it held, written and read back. Exits 1 when an allocator's fill ends
 in anything but torch.OutOfMemoryError, or the loop or the 90% tensor fails after it; the new
-kernels are reported, not judged (on the H100 they fail under every allocator: docs/engine.md,
-"The device filled to its own limit").
+kernels are reported, not judged (on the H100 they fail under every allocator: docs/notes/2026-11-25-the-device-filled-to-its-own-limit-vmm-calls-on-several-threads-and.md).
 """
 
 import argparse

@@ -5,7 +5,7 @@ maps and creates of every step, with the step's wall time.
 
     python3 bench/torch/probe_graph_calls.py {native|gmem} [MODEL] [STEPS]   (default static_generate 10)
 
-Used for docs/engine.md ("a ninth batch": static_generate)."""
+Used for docs/notes/2026-11-25-held-out-traces-a-ninth-batch-rollouts-ema-a-static-cache-under-cuda.md ("a ninth batch": static_generate)."""
 import collections
 import json
 import sys

@@ -2,7 +2,7 @@
 torch.profiler, printing wall time, the sum of GPU kernel times (equal wall and kernel time: the GPU
 was busy; wall above kernel: it waited for the host) and the ops with the most host time of their
 own. ALLOC=gmem (the default) runs gmem, GMEM_PLAN_STEPS=0|1 without or with step marks
-(GMEM_LIBRARY names the library); any other value, PyTorch's own allocator. Used for docs/engine.md ("Plans made in the
+(GMEM_LIBRARY names the library); any other value, PyTorch's own allocator. Used for docs/notes/2026-11-24-plans-made-in-the-background.md ("Plans made in the
 background"); results in bench/results/*-llama-profile.txt.
 """
 import json

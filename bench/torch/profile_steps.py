@@ -6,7 +6,7 @@ own allocator.
 
     MODEL=llama_generate WARM=2 STEPS=2 ALLOC=gmem python3 bench/torch/profile_steps.py
 
-Used for docs/engine.md ("Generation ran slower under gmem"). profile_llama_steps.py profiles
+Used for docs/notes/2026-11-24-generation-ran-slower-under-gmem-its-time-is-the-hosts-cudnn-attention.md ("Generation ran slower under gmem"). profile_llama_steps.py profiles
 train_bench's Llama schedule with the two functions here.
 """
 import json

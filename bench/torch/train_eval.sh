@@ -3,7 +3,7 @@
 # captures each program's allocation trace under the native allocator (and its peaks under
 # expandable segments), then runs it live under native, expandable and gmem (16 steps: 4 warm-up,
 # 12 timed) and prints each run's reserved / allocated, its time and gmem's maps step by step.
-# docs/engine.md, "Phases that come back". Run on the GPU machine from the repository root:
+# docs/notes/2026-11-24-training-with-an-evaluation.md. Run on the GPU machine from the repository root:
 #   bench/torch/train_eval.sh        (traces and results under $OUT or /tmp)
 set -u
 cd "$(dirname "$0")/../.."

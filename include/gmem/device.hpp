@@ -58,7 +58,7 @@ class Device {
   // (cuStreamWaitEvent): the host does not wait. A later record of the event does not change
   // what the stream waits for; an event never recorded is no wait. The engine asks it to hand
   // memory another stream freed to `stream` before that stream has reached the free, as
-  // cudaMallocAsync's pools do (docs/engine.md, "Memory handed between streams"). The default
+  // cudaMallocAsync's pools do (docs/notes/2026-11-25-memory-handed-between-streams.md). The default
   // waits on the host instead: slower, as safe.
   virtual void wait_event(StreamId stream, EventHandle event) {
     (void)stream;

@@ -6,7 +6,7 @@
 //   mapped instead, so reserved memory follows the pages live blocks touch. Stitched chunks stay
 //   mapped where they were too (aliases), so a training loop that repeats its layout makes no
 //   device calls after its first steps. Small requests (<= 128 KiB) come from size-classed
-//   slabs. Thread-safe. docs/engine.md has the design and its numbers.
+//   slabs. Thread-safe. docs/design.md has the design and its numbers.
 #pragma once
 
 #include <cstddef>
@@ -32,13 +32,12 @@ struct EngineOptions {
   // Bytes per page and per physical chunk; 0 = the device's granularity (2 MiB on NVIDIA GPUs).
   // A power of two, a multiple of the granularity, at most 1 GiB; anything else is refused
   // (Error(invalid_argument)). The driver prices each map, set-access and unmap per chunk, not
-  // per byte, so larger pages make every mapping cheaper and stitching coarser (docs/engine.md,
-  // "Page size").
+  // per byte, so larger pages make every mapping cheaper and stitching coarser (docs/notes/2026-11-24-page-size-the-driver-prices-a-call-per-chunk-not-per-byte.md).
   std::size_t page_size = 0;
   // empty_cache() gives back every chunk no live block needs, every time. By default it does
   // so until calls after every step are seen to cost the program time (what one gives back, the
   // next step creates again), and from then on keeps what was used since the call before
-  // (docs/engine.md, "empty_cache after every step"; MemoryStats::empty_cache_kept_bytes).
+  // (docs/notes/2026-11-24-empty-cache-after-every-step.md; MemoryStats::empty_cache_kept_bytes).
   bool strict_empty_cache = false;
   // Once mapped, a page keeps its chunk until empty_cache() or the limit gives it back, and no
   // chunk is mapped at two pages: no stitching, no remapping, no stealing across streams, and
@@ -60,14 +59,14 @@ struct EngineOptions {
   // blocks a stream freed that other streams still use (record_stream), once that stream needs
   // memory. Off, such memory moves only once its streams are known to be done, and a stream
   // that cannot wait for it gets new memory (or, under the limit, the host waits).
-  // docs/engine.md, "Memory handed between streams".
+  // docs/notes/2026-11-25-memory-handed-between-streams.md.
   bool stream_handovers = true;
   // The step that first follows a new plan (mark_step) has its plan-region pages mapped by a
   // thread of the engine's while it runs, in the order it will use them, rather than by its own
   // mallocs: the driver's calls then overlap the program's work (a Llama step: 3,380 maps and
   // set-access calls, 110-180 ms of the step's thread). Off by default here, so that a program
   // on the simulated device (and `gmem replay`) runs the same on every run; the C API and
-  // gmem.torch turn it on for a GPU (GMEM_MAP_AHEAD). docs/engine.md, "Maps made ahead".
+  // gmem.torch turn it on for a GPU (GMEM_MAP_AHEAD). docs/notes/2026-11-25-maps-made-ahead.md.
   bool map_ahead = false;
 };
 
@@ -109,7 +108,7 @@ class Engine final {
   // engine records each step's block requests and lifetimes and lays out the next occurrence of
   // the same step from that record (a plan), so that its blocks need
   // only as many pages as the plan's extent and a repeated step maps nothing. Without marks
-  // nothing changes. docs/engine.md, "Planned step layouts".
+  // nothing changes. docs/notes/2026-11-24-planned-step-layouts.md.
   void mark_step();
 
   // A CUDA graph is being captured on the device (true), or no capture is any longer (false).

@@ -48,7 +48,7 @@ gmem_status_t gmem_reset_accumulated_stats(int device);
  * (the gradients zero_grad frees) count as the step's own. Once steps are marked,
  * a step that comes back after other shapes ran (sequence lengths taking turns) is laid out from
  * its last occurrence, so that it needs no device call and no more memory than its peak
- * (docs/engine.md, "Planned step layouts"). Without marks nothing changes. gmem.torch.enable()
+ * (docs/notes/2026-11-24-planned-step-layouts.md). Without marks nothing changes. gmem.torch.enable()
  * marks a step after every optimizer step. */
 gmem_status_t gmem_mark_step(int device);
 

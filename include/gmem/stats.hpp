@@ -80,7 +80,7 @@ struct MemoryStats {
   std::int64_t mapped_pages = 0;        // pages mapped (a chunk may be mapped at several)
   std::int64_t granularity = 0;         // bytes per chunk
   std::int64_t memory_limit = 0;
-  // Planned step layouts (Engine::mark_step; docs/engine.md): steps marked, plans made, steps
+  // Planned step layouts (Engine::mark_step; docs/design.md): steps marked, plans made, steps
   // that began on a plan, mallocs placed at their planned offset, steps that left their plan
   // (a request of another size), planned offsets found taken, the largest plan's extent; plans
   // made in the background, and the microseconds mallocs spent making plans or waiting for one.

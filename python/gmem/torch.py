@@ -80,8 +80,7 @@ def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
 
     plan_steps: mark a step after every optimizer step (gmem.mark_step), so that steps whose
     shapes take turns (sequence lengths drawn per step) are laid out from their last occurrence:
-    at peak allocated and with no device calls once every shape has come back (docs/engine.md,
-    "Planned step layouts"). None (the default): on, unless GMEM_PLAN_STEPS=0. A program whose
+    at peak allocated and with no device calls once every shape has come back (docs/notes/2026-11-24-planned-step-layouts.md). None (the default): on, unless GMEM_PLAN_STEPS=0. A program whose
     steps keep their shape is laid out as without marks. Whether or not it marks, in a
     torch.distributed job the rank's row goes to the process group's store after an optimizer
     step, at most once a second (gmem.distributed.publish_now_and_then), so that a rank that runs
@@ -122,7 +121,7 @@ def enable(oom_shim=True, _allow_simulated=False, full=None, plan_steps=None):
 def _hook_optimizer_steps(plan_steps):
     """After every optimizer step (torch.optim's global step post-hook), without a change to the
     training loop: gmem.mark_step() when steps are planned, so that steps whose shapes take turns
-    are laid out from their last occurrence (docs/engine.md, "Planned step layouts"); and in a
+    are laid out from their last occurrence (docs/notes/2026-11-24-planned-step-layouts.md); and in a
     torch.distributed job, this rank's row into the store now and then (what gmem.run's report
     of an out-of-memory on another rank reads)."""
     if plan_steps is None:

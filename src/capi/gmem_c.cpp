@@ -130,7 +130,7 @@ void empty_cache(Engine& engine) {
                "that the next step created again (about 93 us of driver calls per 2 MiB). It now "
                "keeps what recent steps used (%.2f GiB beyond the blocks live now) and gives back "
                "the rest. GMEM_EMPTY_CACHE=strict makes every call give back everything "
-               "(docs/engine.md, \"empty_cache after every step\").\n",
+               "(docs/notes/2026-11-24-empty-cache-after-every-step.md).\n",
                static_cast<double>(s.empty_cache_kept_bytes) / (1 << 30));
 }
 

@@ -288,7 +288,7 @@ void SimulatedDevice::unmap(DevicePtr va, std::size_t size) {
       auto awaiting = awaiting_access_.find(chunk);
       if (!it->second.accessible && --awaiting->second == 0) awaiting_access_.erase(awaiting);
       // Another mapping of this chunk was made and its access not yet set: the real driver
-      // broke the chunk when the two calls came from different threads (docs/engine.md).
+      // broke the chunk when the two calls came from different threads (docs/design.md#a-driver-rule).
       if (awaiting_access_.count(chunk) != 0) {
         broken_chunks_.insert(chunk);
         ++unsafe_alias_unmaps_;

@@ -458,8 +458,7 @@ std::pair<std::size_t, std::size_t> Backing::interior(std::uint32_t arena, Devic
 // One more rule, from the driver: another thread may unmap an alias of a chunk this job maps (it
 // took the chunk's old page and found the chunk busy here), and if that unmap lands between the
 // job's cuMemMap and cuMemSetAccess of the chunk, an H100 broke the chunk: its next map failed
-// with CUDA_ERROR_UNKNOWN. So the job and the clash unmap hold mapping_calls_ (docs/engine.md,
-// "A driver rule"); unmaps under the lock never take a chunk a job maps (unmap_page).
+// with CUDA_ERROR_UNKNOWN. So the job and the clash unmap hold mapping_calls_ (docs/design.md#a-driver-rule); unmaps under the lock never take a chunk a job maps (unmap_page).
 [[gnu::noinline]] bool Backing::map_missing(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
   const auto [first, last] = page_span(arena, addr, bytes);
   SlowMalloc slow(*this);
@@ -835,8 +834,7 @@ ChunkId Backing::steal_free_chunk(std::uint32_t stream, Steal how) {
   // a page whose chunk serves elsewhere is unmapped when next used, and the host waits there
   // for the GPU to reach the page's free if it has not yet. That wait lasts as long as the GPU
   // lags (milliseconds), a remap tens of microseconds. Most such waits followed a chunk taken on
-  // its own stream a moment after its free, which stream order allows (docs/engine.md, "Steals
-  // that leave no wait behind").
+  // its own stream a moment after its free, which stream order allows (docs/notes/2026-11-25-steals-that-leave-no-wait-behind.md).
   // At most kWeighed usable candidates, among at most kExamined entries unless the caller will
   // wait anyway: entries another stream has not caught up with stay listed, and scanning them all
   // for every page would make each malloc cost grow with the number of streams. A handover

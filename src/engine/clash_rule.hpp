@@ -1,7 +1,6 @@
 // ClashRule: how many chunks the engine may hold beyond the most pages it ever used at once, so
 // that pages that keep clashing (their chunk busy elsewhere when they are needed) get chunks of
-// their own. Backing asks it before it buys a chunk for such a page; docs/engine.md, "What
-// clashes cost", has the measurements behind its numbers.
+// their own. Backing asks it before it buys a chunk for such a page; docs/notes/2026-11-24-what-clashes-cost.md has the measurements behind its numbers.
 #pragma once
 
 #include <algorithm>
@@ -21,20 +20,19 @@ namespace gmem::detail {
 // buying at the second spent the allowance on chunks the settled layout did not need, for good:
 // a distillation loop held 1.014 times its peak where 1.005 settled as well, and gradient
 // accumulation held 1.018 and still remapped where, buying from the fourth clash, it holds 1.010
-// and settles (docs/engine.md, "a seventh batch"). A plan's layout is fixed when it is made: a
+// and settles (docs/notes/2026-11-25-held-out-traces-a-seventh-batch-training-recipes-as-scripts-write-them.md). A plan's layout is fixed when it is made: a
 // plan page that clashes again will clash at every step of its shape, and waiting cost two more
 // rounds of remaps for no memory saved. Every clash still counts towards the share below.
 //
 // The share starts at 1/kFirstShare and grows in two ways, the larger of the two holding
-// (docs/engine.md, "What clashes cost"):
+// (docs/notes/2026-11-24-what-clashes-cost.md):
 // - By count, up to 1/kRecurringShare: each time the clashes reach half the pages in use, a clash
 //   at a page that clashed kRecurring times before counting kRecurringWeight times, the share
 //   doubles. A loop whose pages take turns in a fixed pattern needs a few more chunks than pages
 //   and settles once it has them (gradient accumulation, gpt2_accum: 21 pages a step until then).
 //   Measured again (2026-11-26), it changes no trace whose steps repeat, marked or not, gpt2_accum
 //   included; it settles a program whose phases come back (resnet50 replayed six times in one
-//   engine), and where layouts never repeat it buys 0.4-0.6% for fewer remaps (docs/engine.md,
-//   "The partial pages' floor, simulated").
+//   engine), and where layouts never repeat it buys 0.4-0.6% for fewer remaps (docs/notes/2026-11-26-the-partial-pages-floor-simulated-and-moving-off-pages-that-would-wait.md).
 // - By cost, up to 1/kMinShare: at each such count the share doubles if remapping since it last
 //   did took more than 1/kCostlyShare of the host time since then: every clash outside a warm-up,
 //   priced kClashUs, and the waits for the stream before its unmap, as measured (with the time
@@ -70,7 +68,7 @@ class ClashRule {
   // neither does its time: the window weighs the clashes that count against the time in which
   // they could. Weighed against all the time, a program whose steps were all warm-ups for a while
   // (shapes new in every step: DLRM's sparse gradients took 64 steps to be found so) never found
-  // its remaps costly, though they took half of its step (docs/engine.md, "a fifth batch").
+  // its remaps costly, though they took half of its step (docs/notes/2026-11-25-held-out-traces-a-fifth-batch-shapes-new-every-step-two-optimizers.md).
   bool counting() const { return counting_; }
   void set_counting(bool counting, double now_us) {
     if (counting == counting_) return;

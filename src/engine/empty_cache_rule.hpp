@@ -4,7 +4,7 @@
 // the next step maps again, and gmem's chunks are 2 MiB: every one costs an unmap and a release
 // on the way out and a create, a map and a set-access on the way back, ~93 us on an H100. GPT-2
 // (12.7 GiB at its peak) took 687 ms a step that way against 71 without the call, where
-// PyTorch's allocator took 97 (docs/engine.md, "empty_cache after every step").
+// PyTorch's allocator took 97 (docs/notes/2026-11-24-empty-cache-after-every-step.md).
 //
 // So a call gives back every chunk no page in use needs, as PyTorch's does, until two calls in
 // a row find that the program created again at least half of what the call before gave back,

@@ -1,6 +1,6 @@
 // Engine::Impl: the engine's one lock and the pieces it composes, each with one job. It is
 // shared by engine.cpp (the fast paths and the public face) and engine_checks.cpp (stats and the
-// invariant check); docs/engine.md describes the design and the data structures together.
+// invariant check); docs/design.md describes the design and the data structures together.
 //
 //   Backing          (backing.hpp)     arenas, pages, chunks, freed pages, the clash rule: every
 //                                      device call and every placement decision

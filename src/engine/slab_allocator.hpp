@@ -6,7 +6,7 @@
 // empty, for the class to fill again, up to budgets the engine sets (shares of its peak
 // memory): a slab given back to the large allocator and carved again elsewhere moves the free
 // ranges that large blocks are placed in, and with them the layout of every later step (a loop
-// with gradient accumulation never settled: docs/engine.md, "Held-out traces"). A class's first
+// with gradient accumulation never settled: docs/notes/2026-11-24-held-out-traces.md). A class's first
 // empty slab has the larger budget, its further ones the smaller; neither grows with the number
 // of classes or streams in use (a server whose requests of random shapes touch every class once
 // kept a slab in each: 1.4% of its peak). Where the budget is full, a class's first empty slab

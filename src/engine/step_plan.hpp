@@ -7,7 +7,7 @@
 //
 // Why: best fit in one shared range gives the same pages, within one step, to blocks of different
 // lifetimes, and a fixed chunk per page then needs up to 1.09 times the pages in use at once
-// (docs/engine.md, "Shapes taking turns"). A plan whose blocks' lifetimes never overlap at the
+// (docs/notes/2026-11-23-shapes-taking-turns.md). A plan whose blocks' lifetimes never overlap at the
 // same address needs only its extent, one chunk per page, and a repeated step maps nothing.
 //
 // Knows offsets and ordinals only, no pages or devices: Backing asks it where a malloc goes and
@@ -156,8 +156,7 @@ class StepPlanner {
   // mallocs: a program that marks twice an iteration (an optimizer each for its sparse and its
   // dense parameters, as DLRM trains) has a short step that always recurs beside a long one
   // that never does, and counted by steps its shapes passed for recurring: its clashes were
-  // never counted, and it remapped ~55 pages a step to its 150th (docs/engine.md, "a fifth
-  // batch").
+  // never counted, and it remapped ~55 pages a step to its 150th (docs/notes/2026-11-25-held-out-traces-a-fifth-batch-shapes-new-every-step-two-optimizers.md).
   static constexpr std::uint64_t kRecentSteps = 64;
   std::uint64_t new_shapes_ = 0;
   std::array<std::uint32_t, kRecentSteps> mallocs_by_step_{};
@@ -186,7 +185,7 @@ class StepPlanner {
   void plan(Shape& shape);  // from its record: made in the background, or here
   void close_step();        // the step's record ends (at the next step's first range malloc)
   // Plans in the background: a Llama step of 3,800 range mallocs takes 5-14 ms to place
-  // (docs/engine.md), which held up the start of the step that came back to its shape, with the
+  // (docs/notes/2026-11-24-plans-made-in-the-background.md), which held up the start of the step that came back to its shape, with the
   // GPU idle behind it. So once shapes take turns (and recur: not where most steps begin a new
   // shape), a record is placed on another thread as soon as it closes, while the program runs
   // on, one thread at a time (a record closing while one runs is planned when its shape comes

@@ -144,7 +144,7 @@ TEST(Engine, SteadyTrainingLoopMakesNoDeviceCallsAfterTheFirstStep) {
 // the next step refills the same slabs, and the free ranges that larger blocks are placed in
 // stay as they were: given back, the emptied slabs' ranges would take the next larger block,
 // and the next step's slabs would be carved elsewhere (a loop with gradient accumulation never
-// settled so, docs/engine.md).
+// settled so, docs/notes/README.md).
 TEST(Engine, SmallBlocksThatComeAndGoLeaveTheLayoutAsItWas) {
   SimulatedDevice device;
   Engine engine(device);
@@ -1200,7 +1200,7 @@ TEST(Engine, ReleasesEverythingOnDestruction) {
 // done: the engine has not asked, so the page is not known to be ready. Before remapping it
 // (an unmap, a map and a set-access: ~60 us on an H100), the engine asks (an event query): a
 // side stream that copies the next batch while the main stream's last step is done, but not
-// yet polled, remapped pages every step (prefetch_train, docs/engine.md).
+// yet polled, remapped pages every step (prefetch_train, docs/notes/2026-11-25-frees-held-for-other-streams-are-stamped-when-freed.md).
 TEST(Engine, APageAnotherStreamIsDoneWithIsPolledNotRemapped) {
   SimulatedDevice device(device_of(1 * GiB, /*immediate=*/false));
   Engine engine(device, EngineOptions{.memory_limit = 2 * MiB});  // one chunk

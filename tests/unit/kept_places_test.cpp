@@ -83,7 +83,7 @@ TEST(KeptPlaces, ABufferMadeAnewAfterACaptureReturnsWhereTheGraphSawIt) {
   // What keeping costs: the prompts' temporaries cannot use the kept places, so a longer
   // prompt's go elsewhere and the gaps the shorter one left between cache buffers stay empty
   // (here 8 MiB, 9%); at most the kept bytes, as the kept pages' chunks serve the others
-  // meanwhile. (On transformers' own static cache it cost nothing: docs/engine.md.)
+  // meanwhile. (On transformers' own static cache it cost nothing: docs/notes/2026-11-25-places-kept-for-cuda-graphs-and-slabs-lowest-free-slot.md.)
   const auto kept_peak = captured.stats().reserved_bytes[kAllPools].peak;
   const auto plain_peak = plain.stats().reserved_bytes[kAllPools].peak;
   EXPECT_LE(kept_peak, plain_peak + static_cast<std::int64_t>(kept[0].size() * kCacheBytes));

@@ -483,7 +483,7 @@ TEST(Replay, ShapesTakingTurnsWithoutMarksStayAtPeakWhileRemapsAreCheap) {
 
 // Prints the shuffled rounds of ShapesTakingTurns... per round (device calls, reserved
 // over peak allocated), without and with step marks (planned step layouts): the experiment's
-// figures for docs/engine.md. Run with --gtest_also_run_disabled_tests.
+// figures for docs/notes/ (the notebook). Run with --gtest_also_run_disabled_tests.
 TEST(Replay, DISABLED_PrintShuffledRounds) {
   const int seed = std::getenv("GMEM_SEED") ? std::atoi(std::getenv("GMEM_SEED")) : 1;
   constexpr int kRounds = 14;
