@@ -8,6 +8,8 @@ pure-Python layer over its C API, so importing it needs no compiler.
     gmem.set_memory_limit(0.5)          # half the device; an int is bytes
     print(gmem.memory_summary())
 
+    fit = gmem.fit_batch_size(step)     # the largest batch that fits, by measurement
+
 To make gmem PyTorch's CUDA allocator, call gmem.torch.enable() before the first CUDA
 allocation, or run a script with `python -m gmem.run train.py ...`.
 """
@@ -32,6 +34,7 @@ from .observe import (
     top_sites,
     track_modules,
 )
+from .fit import Fit, FitError, WhatFits, find_executable_batch_size, fit_batch_size, what_fits
 from .errors import (
     BadInputError,
     DeviceError,
@@ -67,6 +70,7 @@ __all__ = [
     "annotate", "disable_tracking", "dump_snapshot", "enable_tracking", "is_tracking",
     "last_oom_report", "Leaks", "leaks", "ModuleTracking", "python_stack", "scope", "set_frames",
     "snapshot", "step", "top_sites", "track_modules",
+    "Fit", "FitError", "WhatFits", "find_executable_batch_size", "fit_batch_size", "what_fits",
     "empty_cache", "format_bytes", "free", "library_path", "malloc", "mark_step", "max_memory_allocated",
     "max_memory_reserved", "memory_allocated", "memory_limit", "memory_reserved", "memory_stat",
     "memory_stats", "memory_summary", "record_stream", "reset_accumulated_memory_stats",

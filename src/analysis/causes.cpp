@@ -59,6 +59,9 @@ bool is_graph(const LeakFinding& leak) {
 }
 
 const char* kSmallerBatch = "Use a smaller batch (or shorter sequences): activations grow with it.";
+const char* kSmallerBatchFit =
+    "Use a smaller batch (or shorter sequences): activations grow with it. To find the largest "
+    "batch that fits by measurement, with no crash: gmem.fit_batch_size(step) (docs/fit.md).";
 const char* kNoGrad =
     "For inference, run under torch.no_grad() or torch.inference_mode(), so that no activations "
     "are kept for a backward pass.";
@@ -190,7 +193,7 @@ Diagnosis diagnose(const CauseEvidence& e) {
                    " short, and " +
                    (e.steps == 1 ? std::string("this is the first step: nothing can have leaked yet")
                                  : "no leak grows across the " + std::to_string(e.steps) + " steps");
-      d.advice.push_back(kSmallerBatch);
+      d.advice.push_back(kSmallerBatchFit);
     } else {
       d.cause = Cause::model_too_large;
       d.evidence = needs + ", more than " + where + "; memory kept from earlier steps holds " +

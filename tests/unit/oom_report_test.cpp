@@ -216,6 +216,8 @@ TEST(OomCause, BatchTooLargeWhenThisStepHoldsTheShortfall) {
   EXPECT_EQ(r.step_bytes, 5 * GiB);
   EXPECT_NE(r.explanation.find("this step's allocations hold 5.00 GiB"), std::string::npos) << r.explanation;
   EXPECT_NE(r.advice.front().find("smaller batch"), std::string::npos);
+  // ... and how to find the largest batch that fits, in one line the user can run.
+  EXPECT_NE(r.advice.front().find("gmem.fit_batch_size(step)"), std::string::npos) << r.advice.front();
 }
 
 TEST(OomCause, ModelTooLargeWhenEarlierStepsHoldIt) {
