@@ -287,7 +287,7 @@ def track_graphs():
 
     The hooks are the calling thread's (forward passes run there) and sit below any the program
     pushes itself; remove() takes them off. Cost: two small Python calls per saved tensor (see
-    README for the measured cost per training step). torch.compile runs the hooks too, on the
+    docs/diagnostics.md, "Graphs kept alive", for the measured cost per training step). torch.compile runs the hooks too, on the
     compiled graph's saved tensors."""
     import torch
 
