@@ -88,6 +88,54 @@ inline trace::Trace read_trace_argument(const std::string& file, const trace::Re
   return trace::read_trace(file, limits);
 }
 
+// A trace with no allocation events of its own: says on stderr what was read and why there is nothing in it
+// (a snapshot taken without a recorded history, most often) and how to record one, and returns
+// true; the command skips it and exits 1. An empty table, "0 events" or "No leaks found" would
+// read as a clean bill of health. `what`: what the command would have done ("replay").
+// Whether `e` was rebuilt from a snapshot's segments rather than read from its history (blocks
+// live before a wrapped history began, Event::before_history, being added to the trace reader
+// alongside this; written so as to compile with or without that field).
+template <class E>
+bool rebuilt_from_segments(const E& e) {
+  if constexpr (requires { e.before_history; }) return e.before_history;
+  else return false;
+}
+
+inline bool report_empty_trace(const trace::Trace& t, const std::string& file, const trace::ReadLimits& limits,
+                               const char* what) {
+  if (!std::all_of(t.events.begin(), t.events.end(), [](const auto& e) { return rebuilt_from_segments(e); }))
+    return false;
+  // A pickle begins with its protocol opcode (0x80); a file is read again only in this rare case,
+  // standard input cannot be, and its message then names both kinds.
+  bool snapshot = false;
+  if (file != "-") {
+    try {
+      const std::string bytes = trace::read_file_maybe_gzip(file, limits);
+      snapshot = !bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80;
+    } catch (const std::exception&) {
+    }
+  }
+  if (file != "-" && !snapshot) {  // a CSV trace or RMM log with a header and no rows
+    std::fprintf(stderr, "gmem: %s: no allocation events in the trace, so there is nothing to %s.\n",
+                 t.path.c_str(), what);
+    return true;
+  }
+  std::fprintf(stderr, "gmem: %s: %s, so there is nothing to %s.\n", t.path.c_str(),
+               snapshot ? "the snapshot has no allocation history (its device_traces hold no alloc or "
+                          "free events: it was taken without _record_memory_history)"
+                        : "no allocation events in the trace (a snapshot taken without "
+                          "_record_memory_history has none)",
+               what);
+  std::fputs("  PyTorch records the events only once asked to, before the steps to look at:\n"
+             "    torch.cuda.memory._record_memory_history(max_entries=100000)\n"
+             "    ...  # the steps\n"
+             "    torch.cuda.memory._dump_snapshot(\"snapshot.pickle\")\n"
+             "  With gmem as the allocator: gmem.enable_tracking(), the steps, then "
+             "gmem.dump_snapshot(\"snapshot.pickle\").\n",
+             stderr);
+  return true;
+}
+
 }  // namespace gmem::cli
 
 // The end of the synopsis of every command that reads traces (its usage's first line names the

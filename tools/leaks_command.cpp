@@ -30,6 +30,8 @@ const char kLeaksUsage[] =
     "           \"sample\": {\"addr\", \"size\", \"time_us\", \"stack\"}}]}; times from start_us\n"
     "\n"
     "  --check  exit with status 2 when a leak is found (for CI); otherwise 0, and 1 on errors\n"
+    "           (a trace with no allocation events, such as a snapshot taken without\n"
+    "           _record_memory_history, is one: it says so and how to record a history)\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
 int leaks_command(const Args& args) {
@@ -45,14 +47,21 @@ int leaks_command(const Args& args) {
     else add_trace_argument(files, arg);
   }
   if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help leaks)");
-  bool found = false;
+  bool found = false, empty = false;
+  std::size_t printed = 0;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const LeakReport report = find_leaks(read_trace_argument(files[i], limits));
+    const trace::Trace t = read_trace_argument(files[i], limits);
+    if (report_empty_trace(t, files[i], limits, "look for leaks in")) {
+      empty = true;
+      continue;
+    }
+    const LeakReport report = find_leaks(t);
     found = found || !report.leaks.empty();
-    if (!json && i > 0) std::fputs("\n", stdout);
+    if (!json && printed++ > 0) std::fputs("\n", stdout);
     std::fputs((json ? leaks_json(report) : format_leaks(report)).c_str(), stdout);
   }
-  return check && found ? 2 : 0;
+  if (check && found) return 2;
+  return empty ? 1 : 0;  // a trace with nothing in it is not a clean one
 }
 
 }  // namespace gmem::cli

@@ -23,9 +23,9 @@ namespace gmem::cli {
 constexpr double kDefaultLagUs = 2000;
 
 const char kReplayUsage[] =
-    "usage: gmem replay [--json] [--no-plan] [--steps] [--step-at FRAME] [--capacity BYTES]\n"
-    "       [--lag US] [--page-size BYTES] [--passes N] [--empty-cache] [--strict-empty-cache]\n"
-    "       [--map-ahead]"
+    "usage: gmem replay [--json] [--wide] [--explain] [--no-plan] [--steps] [--step-at FRAME]\n"
+    "       [--capacity BYTES] [--lag US] [--page-size BYTES] [--passes N] [--empty-cache]\n"
+    "       [--strict-empty-cache] [--map-ahead]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -90,9 +90,48 @@ const char kReplayUsage[] =
     "                    here, so that a replay repeats exactly; with it, the split between the\n"
     "                    thread's maps and the steps' own depends on thread timing)\n"
     "  --json            one JSON object per trace, one per line\n"
+    "  --wide            every column: bytes next to each ratio, events, device calls, host\n"
+    "                    ns/op (by default the table fits 100 columns: ratios only)\n"
+    "  --explain         after the table, how each column is measured (the legend in full)\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
 namespace {
+
+// Under the table, always: what each column means, so the table can be read on its own.
+const char kLegend[] =
+    "peak allocated  the most memory the trace's tensors held at once\n"
+    "PyTorch         PyTorch's peak reserved memory, from the trace's segments (- where it has none)\n"
+    "gmem            gmem's peak reserved memory in this replay\n"
+    "min capacity    the smallest device gmem runs the trace on\n"
+    "                (these three: ratios to peak allocated; 1.000 is no memory wasted)\n"
+    "device ms/step  modelled time a training step spends in device calls and stream waits, over\n"
+    "                the trace's second half; (half): no steps found, the whole half's time\n";
+const char kLegendMore[] = "--wide: bytes, events, device calls and ns/op too; --explain: how each is measured\n";
+
+// --explain: the legend in full.
+const char kExplain[] =
+    "\n"
+    "How each column is measured:\n"
+    "events          the trace's alloc, free and segment events replayed\n"
+    "peak allocated  the largest sum of live blocks as the trace allocates and frees them\n"
+    "PyTorch         the trace's own segment events (cudaMalloc/cudaFree, or expandable segments'\n"
+    "                maps) give what PyTorch's allocator held; its peak over peak allocated.\n"
+    "                A snapshot taken without history, or an RMM log, has none: -\n"
+    "gmem            the trace's allocs and frees replayed through gmem's engine on a simulated\n"
+    "                device (--capacity, default 80G), in the trace's order and on its streams;\n"
+    "                the most memory gmem had mapped at once, over peak allocated\n"
+    "min capacity    the smallest simulated device the replay still fits (found by bisection):\n"
+    "                with less, gmem would run out of memory where PyTorch's allocator did not\n"
+    "creates/maps/unmaps  gmem's device calls (cuMemCreate, cuMemMap, cuMemUnmap) in the replay\n"
+    "ns/op           gmem's host time per malloc or free, measured in this replay\n"
+    "device ms/step  each call priced as measured on an H100 (per 2 MiB: cuMemCreate 15 us,\n"
+    "                cuMemMap 2, cuMemSetAccess 38, cuMemUnmap 22, cuMemRelease 16; event calls\n"
+    "                0.5-1 us) plus host time waiting for streams (the GPU runs --lag us behind),\n"
+    "                over the trace's second half (the first half warms up), divided by the\n"
+    "                training steps that end there. Steps: --step-at's frame, else the trace's\n"
+    "                gmem.step() markers, else the minima of live memory; each is marked, as\n"
+    "                gmem.torch marks steps (--no-plan: not)\n"
+    "Scripts: --json gives every figure, one object per trace (gmem help replay).\n";
 
 std::string fixed(double value, int digits) {
   char buf[32];
@@ -273,6 +312,7 @@ void print_steps(const std::string& trace, const std::vector<trace::StepFigures>
 
 int replay_command(const Args& args) {
   bool as_json = false;
+  bool wide = false, explain = false;  // --wide, --explain
   trace::ReplayOptions options;
   options.lag_us = kDefaultLagUs;
   options.mark_steps = true;  // as gmem.torch does by default
@@ -284,6 +324,10 @@ int replay_command(const Args& args) {
     if (parse_read_limit(args, i, limits)) continue;
     if (a == "--json") {
       as_json = true;
+    } else if (a == "--wide") {
+      wide = true;
+    } else if (a == "--explain") {
+      explain = true;
     } else if (a == "--capacity") {
       options.capacity = parse_bytes(option_value(args, i));
       if (options.capacity == 0) throw UsageError("--capacity must be more than 0");
@@ -321,14 +365,24 @@ int replay_command(const Args& args) {
   }
   if (files.empty()) throw UsageError("replay: no trace given: FILE..., or - for standard input (see gmem help replay)");
 
-  Table table({"trace", "events", "peak allocated", "PyTorch reserved", "gmem reserved",
-               "min capacity", "creates/maps/unmaps", "ns/op", "device ms/step"},
-              {false, true, true, true, true, true, true, true, true});
+  // --wide: every figure, bytes and ratio; by default ratios only, to fit 100 columns (a table
+  // wider than the terminal wraps into an unreadable one).
+  Table table = wide ? Table({"trace", "events", "peak allocated", "PyTorch reserved", "gmem reserved",
+                              "min capacity", "creates/maps/unmaps", "ns/op", "device ms/step"},
+                             {false, true, true, true, true, true, true, true, true})
+                     : Table({"trace", "peak allocated", "PyTorch", "gmem", "min capacity", "device ms/step"},
+                             {false, true, true, true, true, true});
+  auto ratio = [](std::uint64_t bytes, double r) { return bytes == 0 ? std::string("-") : fixed(r, 3); };
+  std::size_t rows = 0;
   int status = 0;
   std::vector<std::pair<std::string, std::vector<trace::StepFigures>>> per_step;  // --steps
   std::vector<trace::ReplayResult> per_pass;  // --passes
   for (const std::string& file : files) {
     const trace::Trace t = read_trace_argument(file, limits);
+    if (report_empty_trace(t, file, limits, "replay")) {
+      status = 1;
+      continue;
+    }
     if (step_frame.empty()) {
       options.step_ends = trace::step_ends_at_markers(t);
       if (options.step_ends.empty()) options.step_ends = step_ends(t);
@@ -346,7 +400,14 @@ int replay_command(const Args& args) {
     if (as_json) {
       std::printf("%s\n", json_line(r, file, min_cap).c_str());
       std::fflush(stdout);
+    } else if (!wide) {
+      ++rows;
+      table.add({r.trace, format_bytes(r.peak_allocated), ratio(r.recorded_peak_reserved, r.recorded_ratio()),
+                 r.failed ? "FAILED" : ratio(r.peak_reserved, r.reserved_ratio()),
+                 ratio(min_cap, r.ratio(min_cap)),
+                 fixed(late_device_ms(r), 2) + (r.late_steps ? "" : " (half)")});
     } else {
+      ++rows;
       table.add({r.trace, std::to_string(r.events), format_bytes(r.peak_allocated),
                  bytes_with_ratio(r.recorded_peak_reserved, r.recorded_ratio()),
                  r.failed ? "FAILED" : bytes_with_ratio(r.peak_reserved, r.reserved_ratio()),
@@ -361,7 +422,12 @@ int replay_command(const Args& args) {
       status = 1;
     }
   }
-  if (!as_json) table.print(stdout);
+  if (!as_json && rows > 0) {
+    if (!wide) table.fit(100, 0);
+    table.print(stdout);
+    std::printf("\n%s", kLegend);
+    std::fputs(explain ? kExplain : wide ? "--explain: how each is measured\n" : kLegendMore, stdout);
+  }
   for (const auto& [name, steps] : per_step) print_steps(name, steps);
   for (const trace::ReplayResult& r : per_pass) print_passes(r.trace, r);
   return status;

@@ -128,13 +128,25 @@ int summary_command(const Args& args) {
   if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help summary)");
   if (ranks) {
     std::vector<TraceSummary> summaries;
-    for (const std::string& file : files)
-      summaries.push_back(summarize_trace(read_trace_argument(file, limits), at, top));
+    bool empty = false;
+    for (const std::string& file : files) {
+      const trace::Trace t = read_trace_argument(file, limits);
+      empty = report_empty_trace(t, file, limits, "summarize") || empty;
+      summaries.push_back(summarize_trace(t, at, top));
+    }
+    if (empty) return 1;  // a rank with no events would read as a rank that used no memory
     print_ranks(summaries, json);
     return 0;
   }
+  int status = 0;
+  std::size_t printed = 0;
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const TraceSummary s = summarize_trace(read_trace_argument(files[i], limits), at, top);
+    const trace::Trace t = read_trace_argument(files[i], limits);
+    if (report_empty_trace(t, files[i], limits, "summarize")) {
+      status = 1;
+      continue;
+    }
+    const TraceSummary s = summarize_trace(t, at, top);
     if (json) {
       // summary_json's object, with the trace and the point first.
       std::string body = summary_json(s.stats, s.top, s.options());
@@ -145,11 +157,11 @@ int summary_command(const Args& args) {
           .field("events", std::uint64_t{s.events});
       std::fputs((head.str() + "," + body.substr(1)).c_str(), stdout);
     } else {
-      if (i > 0) std::fputs("\n", stdout);
+      if (printed++ > 0) std::fputs("\n", stdout);
       std::fputs(format_summary(s.stats, s.top, s.options()).c_str(), stdout);
     }
   }
-  return 0;
+  return status;
 }
 
 }  // namespace gmem::cli

@@ -105,6 +105,8 @@ struct LeakReport {
   std::string period_source;
   bool steps_marked = false;  // from the trace's markers, not inferred
   std::int64_t start_us = 0;  // time of the trace's first event: reports give times from it
+  // What was looked at, for a report that finds nothing ("1234 allocations"; live: since when).
+  std::string looked_at;
 };
 
 // Runs the detector over a trace. Steps are the trace's step markers where it has them (gmem's

@@ -302,7 +302,25 @@ class Leaks:
 
 def top_sites(n=10, device=None):
     """The `n` call sites holding the most live memory, most first, named as summaries and OOM
-    reports name them: [{"site", "bytes", "count"}]; [] when `device` is not tracked."""
+    reports name them: [{"site", "bytes", "count"}]. [] when `device` is not tracked or holds no
+    tracked allocation, with a warning that says which (an empty list alone reads as "nothing
+    is held")."""
+    sites = _top_sites(n, device)
+    if not sites:
+        import warnings
+        where = "device %s" % (device_index(device) if device is not None else "(the current one)")
+        if not is_tracking(device):
+            why = ("%s is not tracked: call gmem.enable_tracking() first (allocations made before "
+                   "it stay untracked)" % where)
+        else:
+            why = ("no allocation tracked on %s since tracking began is live now (is gmem the "
+                   "allocator? gmem.torch.enable(), or python -m gmem.run)" % where)
+        warnings.warn("gmem.top_sites: no sites: " + why, RuntimeWarning, stacklevel=2)
+    return sites
+
+
+def _top_sites(n, device):
+    """top_sites without the warning, for gmem's own periodic use (gmem.distributed's rows)."""
     return json.loads(_lib.text(_c().gmem_top_sites_json, device_index(device), _count(n, "n")))
 
 

@@ -5,31 +5,86 @@
 
 gmem is enabled before the program starts, so it owns every CUDA allocation. GMEM=0 in the
 environment runs the program with PyTorch's own allocator instead (for comparisons).
+`python -m gmem.run --help` lists the options and every environment variable gmem reads.
 """
 
 import os
 import runpy
 import sys
 
-USAGE = "usage: python -m gmem.run (SCRIPT | -m MODULE) [ARGS...]   (GMEM=0 skips gmem)"
+USAGE = "usage: python -m gmem.run (SCRIPT | -m MODULE) [ARGS...]"
+
+HELP = USAGE + """
+
+Runs a PyTorch program with gmem as its CUDA allocator, unchanged: gmem is enabled before the
+program starts (gmem.torch.enable()), so it owns every CUDA allocation. The program sees its
+own arguments and sys.argv, as under `python SCRIPT ARGS...` or `python -m MODULE ARGS...`.
+
+  SCRIPT ARGS...     a Python file and its arguments
+  -m MODULE ARGS...  a module, as python -m runs it (e.g. -m torch.distributed.run ...)
+  -h, --help         this text
+
+When the program runs out of memory in a torch.distributed job, gmem says which rank died and
+what the other ranks held. `python -m gmem.doctor` says which allocator route gmem will take.
+
+Environment (all optional):
+  GMEM=0                   run with PyTorch's own allocator instead of gmem (for comparisons)
+  GMEM_DEVICE=cuda         the device behind gmem: cuda (default), segment (cudaMalloc'd
+                           segments: the fallback for GPUs without virtual memory management),
+                           sim (a simulated device: no GPU, not usable with PyTorch's kernels)
+  GMEM_SIM_CAPACITY=BYTES  the simulated device's memory, with GMEM_DEVICE=sim
+  GMEM_PAGE_SIZE=2M        gmem's page size, a power of two from 2M to 1G; 8M makes a quarter
+                           of the driver calls for about 1% more reserved memory
+  GMEM_EMPTY_CACHE=strict  every torch.cuda.empty_cache() gives back everything (default auto:
+                           gmem keeps what recent steps used once the calls cost time)
+  GMEM_MAP_AHEAD=0         do not map planned pages ahead on gmem's thread (default on a GPU: on)
+  GMEM_STREAM_HANDOVERS=0  do not hand freed memory between streams without a host wait
+  GMEM_PLAN_STEPS=0        do not mark a step after every optimizer step (planned step layouts)
+  GMEM_OOM_REPORT=0        do not append gmem's report to out-of-memory errors
+  GMEM_TORCH_ALLOCATOR=0   use PyTorch's CUDAPluggableAllocator route instead of gmem's full
+                           allocator; =/path/lib.so: a prebuilt full allocator
+  GMEM_TORCH_SHIM=0        on the pluggable route, skip the shim that raises
+                           torch.OutOfMemoryError (=/path/lib.so: a prebuilt one)
+  GMEM_LIBRARY=PATH        the libgmem.so to load (default: the one in the package, then the
+                           repository's build/libgmem.so)
+  GMEM_CACHE_DIR=DIR       where allocators compiled at first use are cached (default
+                           $XDG_CACHE_HOME/gmem, else ~/.cache/gmem)
+  GMEM_INCLUDE_DIR=DIR     where gmem/gmem.h is, for a compile at first use outside the package
+  CUDA_HOME, CXX           CUDA's headers and the C++ compiler, for a compile at first use
+"""
+
+TORCH_MISSING = ("gmem.run: PyTorch cannot be imported in this Python (%s: %s): install it "
+                 "(pip install torch), or run the program with GMEM=0 to skip gmem")
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
-    if argv[0] == "-m" and len(argv) < 2:
-        print(USAGE, file=sys.stderr)
+    if argv and argv[0] in ("-h", "--help"):
+        sys.stdout.write(HELP)
+        return 0
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        print(USAGE + "   (python -m gmem.run --help: the options and environment)",
+              file=sys.stderr)
         return 2
     if argv[0] != "-m" and not os.path.isfile(argv[0]):
         print("gmem.run: no such script: %s" % argv[0], file=sys.stderr)
         return 2
 
     if os.environ.get("GMEM", "1") != "0":
+        # One line, not a traceback through gmem's modules: what is missing and what to do.
+        try:
+            import torch  # noqa: F401
+        except ImportError as e:
+            print(TORCH_MISSING % (sys.executable, e), file=sys.stderr)
+            return 2
         from gmem import torch as gmem_torch
+        from gmem.errors import GmemError
 
-        gmem_torch.enable()
+        try:
+            gmem_torch.enable()
+        except GmemError as e:
+            print("gmem.run: %s" % e, file=sys.stderr)
+            return 2
 
     try:
         if argv[0] == "-m":

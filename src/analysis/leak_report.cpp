@@ -44,7 +44,19 @@ std::string format_leaks(const LeakReport& report) {
   const Diagnosis d = diagnosis_of(report);
   out << "cause: " << d.name << ": " << d.evidence << "\n";
   if (report.leaks.empty()) {
-    out << "No leaks found: no site keeps more memory alive step after step.\n";
+    // Say what was looked at: an empty answer must not read as a clean bill of health when there
+    // was nothing to compare.
+    const std::string in = report.looked_at.empty() ? "" : " in " + report.looked_at;
+    if (report.periods == 0)
+      out << "No leaks can be found" << in << ": a leak is a site that keeps more memory at each "
+          << "step boundary, and "
+          << (report.steps_marked ? "no step has ended yet (call gmem.step() after each training "
+                                    "step, or gmem.torch.watch(optimizer))"
+                                  : "the trace has none (mark steps with gmem.step())")
+          << ".\n";
+    else
+      out << "No leaks found" << in << " over " << report.periods
+          << " steps: no site keeps more memory alive step after step.\n";
     return out.str();
   }
   out << report.leaks.size() << (report.leaks.size() == 1 ? " site keeps" : " sites keep")

@@ -100,6 +100,9 @@ LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
   trace::check_trace(trace);  // rejects what replay and summary reject, with the same message
   LeakReport report;
   report.trace_name = trace.name;
+  const auto allocs = std::count_if(trace.events.begin(), trace.events.end(),
+                                    [](const trace::Event& e) { return e.action == trace::Action::alloc; });
+  report.looked_at = std::to_string(allocs) + (allocs == 1 ? " allocation" : " allocations");
   if (!trace.events.empty()) report.start_us = trace.events.front().time_us;
   std::vector<std::int64_t> live_curve;
   const std::vector<Op> ops = program_ops(trace, live_curve);

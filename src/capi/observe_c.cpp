@@ -103,6 +103,8 @@ LeakReport live_leaks(int device) {
   report.period_source = "gmem.step() markers";
   report.steps_marked = true;
   report.start_us = tracker->started_us();
+  report.looked_at = "the allocations since tracking began (" + std::to_string(tracker->live_count()) +
+                     " live now)";
   return report;
 }
 
