@@ -383,6 +383,8 @@ int replay_command(const Args& args) {
       status = 1;
       continue;
     }
+    if (t.window.mid_run)  // on stderr: the table and --json lines stay as they are
+      std::fprintf(stderr, "gmem: %s: %s\n", t.path.c_str(), t.window.describe().c_str());
     if (step_frame.empty()) {
       options.step_ends = trace::step_ends_at_markers(t);
       if (options.step_ends.empty()) options.step_ends = step_ends(t);

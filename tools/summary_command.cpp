@@ -154,7 +154,7 @@ int summary_command(const Args& args) {
       head.begin_object()
           .field("trace", std::string_view(s.trace_name))
           .field("at", at == SummaryPoint::peak ? "peak" : "end")
-          .field("events", std::uint64_t{s.events});
+          .field("events", std::uint64_t{s.events - s.leaks.window.blocks_at_start});
       std::fputs((head.str() + "," + body.substr(1)).c_str(), stdout);
     } else {
       if (printed++ > 0) std::fputs("\n", stdout);

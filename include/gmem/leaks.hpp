@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gmem/trace.hpp"
+
 namespace gmem {
 
 // One of the leaked allocations, still live, for people to recognise the leak by.
@@ -91,9 +93,6 @@ class LeakDetector {
   std::unique_ptr<Impl> impl_;
 };
 
-namespace trace {
-struct Trace;
-}
 
 // The leak analysis of a whole trace.
 struct LeakReport {
@@ -105,6 +104,9 @@ struct LeakReport {
   std::string period_source;
   bool steps_marked = false;  // from the trace's markers, not inferred
   std::int64_t start_us = 0;  // time of the trace's first event: reports give times from it
+  // Where the file's history began: mid-run (a ring that wrapped) it starts with blocks already
+  // live, counted as older than the history and never as its leaks (trace::HistoryWindow).
+  trace::HistoryWindow window;
   // What was looked at, for a report that finds nothing ("1234 allocations"; live: since when).
   std::string looked_at;
 };

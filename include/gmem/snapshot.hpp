@@ -52,7 +52,8 @@ struct Snapshot {
   MemoryStats stats;
   bool tracking = false;  // a tracker contributed ids, scopes, frames and history
   std::uint64_t step = 0;
-  std::uint64_t dropped_events = 0;
+  std::uint64_t dropped_events = 0;  // history events the ring overwrote: > 0 when it wrapped
+  std::size_t history_capacity = 0;  // events the ring keeps
   bool backward_runs = false;  // graph tracking saw a backward pass
   std::vector<SnapshotSegment> segments;  // by address
   std::vector<HistoryEvent> history;      // oldest first

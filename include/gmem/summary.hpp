@@ -32,6 +32,8 @@ struct SummaryOptions {
   std::string note;          // a line under the title ("leak_losses at peak allocated, event 1234")
   bool abbreviated = false;  // PyTorch's: without the large / small pool rows
   std::string cause;         // "cause: NAME: evidence", the last section ("" for none): summary_cause()
+  // Where the trace's history began, when mid-run (trace::HistoryWindow::describe()); "" otherwise.
+  std::string history;
 };
 
 // A summary's cause line, decided as OOM reports decide theirs (gmem/causes.hpp), with no failed

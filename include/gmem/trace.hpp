@@ -23,6 +23,9 @@ const char* action_name(Action action) noexcept;
 
 struct Event {
   Action action = Action::alloc;
+  // An alloc put at the front of the events by rebuild_history_window(): a block already live
+  // when the file's history began (allocated before its oldest event).
+  bool before_history = false;
   std::uint32_t scope = 0;       // index into Trace::frames of the gmem scope ("model.1"; 0 = none)
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
@@ -31,6 +34,44 @@ struct Event {
   std::uint32_t user_frame = 0;  // index into Trace::frames (0 = none)
   std::uint32_t lib_frame = 0;
   std::size_t line = 0;          // line (or record) in the source file, for error messages
+};
+
+// A block live when a snapshot was taken, from its segments (state active_allocated or
+// active_pending_free): what closes the state of a history that began mid-run.
+struct DumpedBlock {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t stream = 0;
+  std::uint32_t user_frame = 0;  // where it was allocated, when the snapshot says (index into Trace::frames)
+  std::uint32_t lib_frame = 0;
+  std::uint32_t scope = 0;
+};
+
+// Where the file's history begins. A snapshot's history is a ring of the last N events (gmem's
+// tracking history, PyTorch's _record_memory_history(max_entries=N)); once it wraps, the file
+// begins mid-run, with blocks already live that no event in it allocated. Those are rebuilt
+// (rebuild_history_window) as allocs put at the front of Trace::events, flagged before_history:
+// - a block freed in the history but never allocated in it before: live at the start; its size
+//   is the free's;
+// - a block live in the snapshot's segments that the history never touched: live since before the
+//   history, to the end.
+struct HistoryWindow {
+  bool mid_run = false;            // the history began after the program had allocated
+  std::size_t events = 0;          // events in the file (the rebuilt allocs not counted)
+  std::int64_t start_us = 0;       // the first of them
+  std::int64_t end_us = 0;         // the last
+  std::size_t blocks_at_start = 0;   // rebuilt allocs at the front of Trace::events
+  std::uint64_t bytes_at_start = 0;  // their bytes
+  std::size_t freed_in_history = 0;  // of those, freed by an event of the history
+  // The file's segments were read: blocks live before the history and never freed in it are
+  // known. Without them (CSV traces, pickles without 'segments') they are not, and are missing.
+  bool has_segments = false;
+  // Events the file says its ring dropped (gmem's snapshots: 'gmem_history'); -1 when it says nothing.
+  std::int64_t dropped_events = -1;
+
+  // One line for people: "history began mid-run: 16384 events from 2026-11-23 10:01:02.345 UTC
+  // over 3.210 s; 1.20 GiB in 34 blocks already live at its start (...)" ("" when not mid_run).
+  std::string describe() const;
 };
 
 // Trace::steps_source of a snapshot whose step markers are gmem's own (gmem.step(), or
@@ -50,7 +91,20 @@ struct Trace {
   // tensors saved for a backward pass not yet run, and whether the program ran backward at all.
   std::vector<std::uint64_t> saved_for_backward;
   bool backward_runs = false;
+  // Snapshot pickles: the live blocks of the segments at dump time (read_trace consumes them into
+  // `window`, then clears them).
+  std::vector<DumpedBlock> dumped_blocks;
+  bool has_segments = false;
+  HistoryWindow window;
 };
+
+// Rebuilds the blocks live when `trace`'s history began (HistoryWindow), from frees of blocks the
+// history never allocated and from `trace.dumped_blocks`, and puts them at the front of its
+// events; fills trace.window. read_trace calls it; call it on a Trace made by other means before
+// replaying one that may begin mid-run. Throws BadInputError naming file and line for a history
+// that no earlier state explains: a double free inside it, a free of unknown size of a block it
+// never allocated, or a block whose size (or liveness) contradicts the segments.
+void rebuild_history_window(Trace& trace);
 
 // Bounds on what reading one trace may cost, so that a hostile or broken file (a gzip bomb, a
 // line of a billion commas, a pickle that refers to one object a billion times) stops with an
@@ -77,8 +131,9 @@ struct ReadLimits {
 };
 
 // Reads a trace, detecting its format from its content: PyTorch trace CSV (gzip or plain),
-// PyTorch snapshot pickle, or RMM CSV log. Throws BadInputError naming file and line, also
-// when the file goes over one of `limits`.
+// PyTorch snapshot pickle, or RMM CSV log, and rebuilds what was live when its history began
+// (rebuild_history_window). Throws BadInputError naming file and line, also when the file goes
+// over one of `limits`.
 Trace read_trace(const std::string& path, const ReadLimits& limits = {});
 
 // Reads a whole file, gunzipping when it is gzip, up to limits.max_bytes. Throws BadInputError

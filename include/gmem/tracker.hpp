@@ -64,10 +64,13 @@ std::string to_text(FramesId id);
 
 struct TrackerOptions {
   static constexpr std::size_t kEventBytes = 56;  // host memory per history event
-  // Events kept, oldest dropped first; 0 keeps none. The default (0.9 MiB) stays in a server
-  // CPU's L2 cache; a ring larger than the cache costs the hot path cache misses (up to +20% on a
-  // malloc+free pair, bench/tracking_bench.cpp): raise it for a longer timeline in snapshots.
-  std::size_t history_capacity = 16'384;
+  // Events kept, oldest dropped first; 0 keeps none. An allocation makes two (alloc, free): the
+  // default (7 MiB) holds ~13 training steps of a Llama-style model (~9,400 events a step, the
+  // heaviest of tests/data) and ~40 of GPT-2 (~3,000), enough steps for leak detection over a
+  // wrapped history (docs/wrapped-histories.md). A ring larger than the CPU's L2 cache costs the
+  // hot path cache misses (+10 to +22% on a 53 ns malloc+free pair at 100k events on a Xeon,
+  // none measurable on an EPYC: docs/diagnostics.md), a few ns a pair.
+  std::size_t history_capacity = 131'072;
   bool capture_backtrace = false;          // a C++ backtrace per allocation instead of the
                                            // thread's current frames
   int backtrace_depth = 32;
@@ -114,6 +117,7 @@ struct TrackerState {
   std::uint64_t step = 0;
   std::uint64_t allocations = 0;     // allocations tracked so far
   std::uint64_t dropped_events = 0;  // history events overwritten by newer ones
+  std::size_t history_capacity = 0;  // events the history keeps (TrackerOptions::history_capacity)
   std::uint64_t untracked_frees = 0; // frees of blocks allocated before tracking began
   bool backward_runs = false;        // note_backward() was called: the program runs backward
   std::optional<OomInfo> last_oom;

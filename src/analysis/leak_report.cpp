@@ -41,6 +41,7 @@ Diagnosis diagnosis_of(const LeakReport& report) {
 std::string format_leaks(const LeakReport& report) {
   std::ostringstream out;
   out << "Leaks in " << report.trace_name << ": " << steps_line(report) << "\n";
+  if (report.window.mid_run) out << report.window.describe() << "\n";
   const Diagnosis d = diagnosis_of(report);
   out << "cause: " << d.name << ": " << d.evidence << "\n";
   if (report.leaks.empty()) {
@@ -93,6 +94,18 @@ std::string leaks_json(const LeakReport& report) {
       .field("start_us", report.start_us);
   const Diagnosis d = diagnosis_of(report);
   w.field("cause", std::string_view(d.name)).field("evidence", std::string_view(d.evidence));
+  const trace::HistoryWindow& h = report.window;
+  w.key("history")
+      .begin_object()
+      .field("began_mid_run", h.mid_run)
+      .field("events", std::uint64_t{h.events})
+      .field("start_us", h.start_us - report.start_us)
+      .field("blocks_at_start", std::uint64_t{h.blocks_at_start})
+      .field("bytes_at_start", h.bytes_at_start)
+      .field("freed_in_history", std::uint64_t{h.freed_in_history})
+      .field("has_segments", h.has_segments)
+      .field("dropped_events", h.dropped_events)
+      .end_object();
   w.key("leaks").begin_array();
   for (const LeakFinding& leak : report.leaks) {
     w.begin_object()

@@ -200,6 +200,10 @@ std::string format_summary(const MemoryStats& stats, const std::vector<TopAlloca
   table.rule('=');
   table.line(centered("gmem memory summary, device " + options.device));
   if (!options.note.empty()) table.line(centered(options.note));
+  if (!options.history.empty()) {
+    table.rule('-');
+    wrapped(table, options.history, kWidth - 2);
+  }
   table.rule('-');
   table.line(pad("  OOMs: " + std::to_string(stats.num_ooms), 37) + " | " +
              "Alloc retries: " + std::to_string(stats.num_alloc_retries));
@@ -229,6 +233,7 @@ std::string summary_json(const MemoryStats& stats, const std::vector<TopAllocati
   json::Writer w;
   w.begin_object().field("device", std::string_view(options.device)).field("note", std::string_view(options.note));
   w.field("cause", std::string_view(options.cause));
+  w.field("history", std::string_view(options.history));
   w.key("stats").begin_object();
   for (const auto& [name, value] : stats.flatten()) w.field(name, value);
   w.end_object();

@@ -35,6 +35,11 @@ std::vector<Op> program_ops(const trace::Trace& trace, std::vector<std::int64_t>
     live_curve.push_back(live_bytes);
   };
   for (const trace::Event& event : trace.events) {
+    if (event.before_history) {  // live when the history began: older than it, never its leak
+      live[event.addr] = event.size;
+      live_bytes += static_cast<std::int64_t>(event.size);
+      continue;
+    }
     switch (event.action) {
       case trace::Action::alloc:
         release(event);  // an address reused without a free: the free was missed
@@ -55,11 +60,15 @@ std::vector<Op> program_ops(const trace::Trace& trace, std::vector<std::int64_t>
 }
 
 // Step boundaries from the trace's markers: each just before the first op at or after its time
-// (ops.size() for a marker after the last op).
-std::vector<std::size_t> marked_boundaries(const trace::Trace& trace, const std::vector<Op>& ops) {
+// (ops.size() for a marker after the last op). A history that began mid-run counts only the
+// markers inside it: the steps before it left no events to compare.
+std::vector<std::size_t> marked_boundaries(const trace::Trace& trace, const std::vector<Op>& ops,
+                                           std::vector<std::int64_t>& times) {
   std::vector<std::size_t> boundaries;
   std::size_t i = 0;
   for (std::int64_t t : trace.steps_us) {
+    if (trace.window.mid_run && t < trace.window.start_us) continue;
+    times.push_back(t);
     while (i < ops.size() && ops[i].event->time_us < t) ++i;
     boundaries.push_back(i);
   }
@@ -100,6 +109,7 @@ LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
   trace::check_trace(trace);  // rejects what replay and summary reject, with the same message
   LeakReport report;
   report.trace_name = trace.name;
+  report.window = trace.window;
   const auto allocs = std::count_if(trace.events.begin(), trace.events.end(),
                                     [](const trace::Event& e) { return e.action == trace::Action::alloc; });
   report.looked_at = std::to_string(allocs) + (allocs == 1 ? " allocation" : " allocations");
@@ -107,8 +117,9 @@ LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
   std::vector<std::int64_t> live_curve;
   const std::vector<Op> ops = program_ops(trace, live_curve);
   std::vector<std::size_t> boundaries;
+  std::vector<std::int64_t> marker_times;  // of the boundaries, when marked
   if (!trace.steps_us.empty()) {
-    boundaries = marked_boundaries(trace, ops);
+    boundaries = marked_boundaries(trace, ops, marker_times);
     report.period_source = trace.steps_source;
     report.steps_marked = true;
   } else {
@@ -122,7 +133,7 @@ LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
   LeakDetector detector(options);
   std::size_t next = 0;
   auto step_time = [&](std::size_t b) {
-    if (report.steps_marked) return trace.steps_us[b];
+    if (report.steps_marked) return marker_times[b];
     return ops[boundaries[b]].event->time_us;
   };
   for (std::size_t i = 0; i < boundaries.back(); ++i) {  // the teardown after the loop is left out

@@ -41,8 +41,9 @@ SummaryOptions TraceSummary::options() const {
   SummaryOptions o;
   o.device = "simulated";
   o.note = trace_name + (at == SummaryPoint::peak ? " at peak allocated" : " at its end") + " (" +
-           std::to_string(events) + " events replayed)";
+           std::to_string(events - leaks.window.blocks_at_start) + " events replayed)";
   o.cause = summary_cause(stats, leaks.leaks, leaks.periods);
+  o.history = leaks.window.describe();
   return o;
 }
 

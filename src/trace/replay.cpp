@@ -149,7 +149,7 @@ std::uint64_t add_request(std::uint64_t hash, std::size_t size, StreamId stream)
 ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions& options) {
   ReplayResult r;
   r.trace = trace.name;
-  r.events = trace.events.size();
+  r.events = trace.events.size() - trace.window.blocks_at_start;  // the file's, not the rebuilt allocs
   r.capacity = options.capacity;
   r.live_at_end = program.live_at_end;
   r.peak_allocated = program.peak_allocated;

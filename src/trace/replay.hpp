@@ -70,7 +70,7 @@ struct StepFigures {
 
 struct ReplayResult {
   std::string trace;            // the trace's name
-  std::size_t events = 0;       // events in the trace
+  std::size_t events = 0;       // events in the trace (the allocs rebuilt before its history not counted)
   std::size_t mallocs = 0;      // engine calls made (allocs and frees replayed)
   std::size_t frees = 0;
   std::size_t live_at_end = 0;  // blocks never freed in the trace
@@ -140,7 +140,8 @@ std::vector<std::size_t> step_ends_after_frame(const Trace& trace, std::string_v
 std::vector<std::size_t> step_ends_at_markers(const Trace& trace);
 
 // Replays `trace`; a malloc the engine cannot serve ends the replay with `failed` set. Throws
-// BadInputError (file and line) for a free of an address that is not live in the trace.
+// BadInputError (file and line) for a free of an address that is not live in the trace (a trace
+// read by read_trace has its blocks from before its history rebuilt: rebuild_history_window).
 ReplayResult replay(const Trace& trace, const ReplayOptions& options = {});
 
 // Checks `trace` as replay() does before it starts (an alloc of 0 bytes, an alloc at an address

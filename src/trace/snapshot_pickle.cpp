@@ -50,9 +50,45 @@ class Converter {
     }
   }
 
+  // The segments' live blocks (torch.cuda.memory._snapshot()'s 'segments': dicts with 'address',
+  // 'stream' and 'blocks' of 'address', 'size', 'state', 'frames'): the state at dump time, which
+  // closes a history that began mid-run.
+  void segments(const Value& segments) {
+    context_ = "snapshot's segments";
+    record_ = 0;
+    if (!segments.is_sequence()) fail("is a " + std::string(segments.kind_name()) + ", not a list");
+    for (const Value& segment : segments.as_list()) {
+      if (!segment.is_dict()) fail("holds a " + std::string(segment.kind_name()) + ", not a dict");
+      const std::uint64_t stream = static_cast<std::uint64_t>(integer(segment, "stream", true));
+      const Value& blocks = field(segment, "blocks");
+      if (!blocks.is_sequence()) fail("'blocks' is a " + std::string(blocks.kind_name()) + ", not a list");
+      for (const Value& block : blocks.as_list()) {
+        if (!block.is_dict()) fail("a block is a " + std::string(block.kind_name()) + ", not a dict");
+        const Value& state = field(block, "state");
+        if (!state.is_string()) fail("a block's 'state' is a " + std::string(state.kind_name()) + ", not a str");
+        // active_pending_free: freed by the program, not yet by the allocator (free_completed).
+        if (state.as_string() != "active_allocated" && state.as_string() != "active_pending_free") continue;
+        if (trace_.dumped_blocks.size() >= limits_.max_events)
+          exceeds(trace_.path, 0, std::to_string(limits_.max_events) + " live blocks in the segments", "--max-events");
+        DumpedBlock b;
+        b.addr = unsigned_integer(block, "address");
+        b.size = unsigned_integer(block, "size");
+        b.stream = stream;
+        if (const Value* frames = block.get("frames")) {
+          const FrameIds ids = stack(*frames);
+          b.user_frame = ids.user;
+          b.lib_frame = ids.lib;
+          b.scope = ids.scope;
+        }
+        trace_.dumped_blocks.push_back(b);
+      }
+    }
+    trace_.has_segments = true;
+  }
+
  private:
   [[noreturn]] void fail(const std::string& problem) const {
-    throw BadInputError(trace_.path, record_, "snapshot event: " + problem);
+    throw BadInputError(trace_.path, record_, context_ + ": " + problem);
   }
 
   const Value& field(const Value& entry, std::string_view key) const {
@@ -181,6 +217,7 @@ class Converter {
   const ReadLimits& limits_;
   FrameTable frames_;
   std::size_t record_ = 0;  // 1-based, over all devices' events
+  std::string context_ = "snapshot event";  // what fail() names
   std::size_t memo_refs_ = 0;
   std::unordered_set<const pickle::List*> devices_seen_;
   std::unordered_map<const pickle::Dict*, std::optional<Event>> events_seen_;
@@ -251,6 +288,19 @@ void read_graphs(const Value& graphs, Trace& trace) {
   }
 }
 
+// gmem's history ring ('gmem_history', src/tracking/snapshot_pickle.cpp): {'capacity',
+// 'dropped_events', 'wrapped'}: how many older events the ring dropped.
+void read_history(const Value& history, Trace& trace) {
+  const auto bad = [&](const std::string& what) {
+    throw BadInputError(trace.path, 0, "snapshot's 'gmem_history' " + what);
+  };
+  if (!history.is_dict()) bad(std::string("is a ") + history.kind_name() + ", not a dict");
+  const Value* dropped = history.get("dropped_events");
+  if (!dropped) return;
+  if (!dropped->is_int() || dropped->as_int() < 0) bad("has a 'dropped_events' that is not a non-negative int");
+  trace.window.dropped_events = dropped->as_int();
+}
+
 }  // namespace
 
 void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits& limits) {
@@ -274,6 +324,8 @@ void read_snapshot_pickle(std::string_view bytes, Trace& trace, const ReadLimits
   if (const Value* annotations = root.get("external_annotations"))
     read_step_markers(*annotations, trace);
   if (const Value* graphs = root.get("gmem_graphs")) read_graphs(*graphs, trace);
+  if (const Value* history = root.get("gmem_history")) read_history(*history, trace);
+  if (const Value* segments = root.get("segments")) convert.segments(*segments);
   // Several devices: one timeline (addresses are unique across devices under unified addressing).
   if (devices_with_events > 1)
     std::stable_sort(trace.events.begin(), trace.events.end(),

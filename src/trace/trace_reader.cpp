@@ -260,6 +260,7 @@ Trace read_trace_bytes(std::string_view bytes, const std::string& path, const Re
     format = detect_format(bytes.substr(0, head), bytes.size() <= head, path, limits);
     parse(bytes, format, trace, limits);
   }
+  rebuild_history_window(trace);
   return trace;
 }
 

@@ -2,7 +2,6 @@
 #include "gmem/snapshot.hpp"
 
 #include <algorithm>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "common/json.hpp"
@@ -22,8 +21,6 @@ bool is_block_event(EventKind kind) { return kind == EventKind::alloc || kind ==
 // The live blocks at the end of the history: the tracker's, then the engine's others, except
 // those the history shows allocated or freed (the tracker knows their fate better).
 std::vector<SnapshotBlock> final_blocks(const SnapshotInput& input) {
-  std::unordered_map<std::uintptr_t, const BlockInfo*> engine;
-  for (const BlockInfo& b : input.blocks) engine.emplace(reinterpret_cast<std::uintptr_t>(b.ptr), &b);
   std::vector<SnapshotBlock> out;
   std::unordered_set<std::uintptr_t> known;
   if (const TrackerState* t = input.tracker) {
@@ -35,10 +32,9 @@ std::vector<SnapshotBlock> final_blocks(const SnapshotInput& input) {
       b.address = a.addr;
       b.size = a.size;
       b.requested = a.requested;
-      if (auto it = engine.find(a.addr); it != engine.end()) {
-        b.size = it->second->size;  // the engine's rounding is authoritative
-        b.requested = it->second->requested;
-      }
+      // Not the engine's size for it: the engine's blocks were listed at another moment, and
+      // another thread may have freed the block and allocated one of another size there since
+      // (both hold the size the engine handed out). The tracker's is the one its history agrees with.
       b.allocated = true;
       b.stream = a.stream;
       b.id = a.id;
@@ -109,6 +105,7 @@ Snapshot make_snapshot(const SnapshotInput& input) {
     s.tracking = true;
     s.step = t->step;
     s.dropped_events = t->dropped_events;
+    s.history_capacity = t->history_capacity;
     s.backward_runs = t->backward_runs;
     s.history = t->history;
   }
@@ -160,6 +157,9 @@ std::string snapshot_json(const Snapshot& s) {
   j.field("memory_limit", s.memory_limit);
   j.key("tracking").begin_object();
   j.field("enabled", s.tracking).field("step", s.step).field("dropped_events", s.dropped_events);
+  j.field("history_capacity", s.history_capacity).field("history_wrapped", s.dropped_events > 0);
+  // When the kept history begins (its oldest event), 0 when empty: before it, only state is known.
+  j.field("history_begins_ns", s.history.empty() ? std::int64_t{0} : s.history.front().time_ns);
   j.field("backward_runs", s.backward_runs);
   j.end_object();
   j.key("stats").begin_object();

@@ -5,7 +5,8 @@
 //    'device_traces': [[{'action', 'addr', 'size', 'stream', 'time_us', 'compile_context',
 //                        'user_metadata', 'frames'}]],   (one list per device index)
 //    'allocator_settings': {...}, 'external_annotations': [{'device', 'time_us', 'name', ...}],
-//    'gmem_graphs': {'backward_runs', 'saved_for_backward': [address, ...]}}   (when tracked)
+//    'gmem_graphs': {'backward_runs', 'saved_for_backward': [address, ...]},   (when tracked)
+//    'gmem_history': {'capacity', 'dropped_events', 'wrapped', 'begins_time_us'}}   (when tracked)
 //
 // gmem's mapped ranges behave like PyTorch's expandable segments, so maps and unmaps become
 // 'segment_map' / 'segment_unmap'; a free becomes the 'free_requested' + 'free_completed' pair
@@ -41,6 +42,8 @@ class SnapshotPickler {
     if (s_.tracking) {
       p_.key("gmem_graphs");
       graphs();
+      p_.key("gmem_history");
+      history();
     }
     p_.end_dict();
     return p_.finish();
@@ -172,6 +175,18 @@ class SnapshotPickler {
       for (const SnapshotBlock& b : seg.blocks)
         if (b.allocated && b.saved_for_backward) p_.unsigned_integer(b.address);
     p_.end_list();
+    p_.end_dict();
+  }
+
+  // The tracking history's ring: whether it wrapped (dropped older events), so that readers say the
+  // history began mid-run (gmem replay / leaks / summary rebuild what was live before it).
+  // PyTorch's readers ignore the key.
+  void history() {
+    p_.begin_dict();
+    p_.key("capacity").unsigned_integer(s_.history_capacity);
+    p_.key("dropped_events").unsigned_integer(s_.dropped_events);
+    p_.key("wrapped").boolean(s_.dropped_events > 0);
+    p_.key("begins_time_us").integer(s_.history.empty() ? 0 : s_.history.front().time_ns / 1000);
     p_.end_dict();
   }
 

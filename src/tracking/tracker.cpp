@@ -161,6 +161,7 @@ class Tracker::Impl {
       out.step = log_.step_;
       out.allocations = log_.next_id_;
       out.dropped_events = log_.ring_.dropped();
+      out.history_capacity = log_.ring_.capacity();
       out.untracked_frees = log_.untracked_frees_;
       out.backward_runs = backward_runs_.load(std::memory_order_relaxed);
       out.last_oom = log_.last_oom_;
