@@ -21,6 +21,7 @@ Models (random init, nothing downloaded):
 """
 
 import argparse
+import contextlib
 import gc
 import os
 import random
@@ -45,7 +46,11 @@ def build(torch, name):
 
         def step(batch_size, length=1024):
             ids = torch.randint(0, config.vocab_size, (batch_size, length), device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            # Without its own autocast (what_fits' fp32 base), not autocast(enabled=False),
+            # which would switch off the autocast what_fits puts around the step.
+            precision = (torch.autocast("cuda", dtype=torch.bfloat16) if step.autocast
+                         else contextlib.nullcontext())
+            with precision:
                 loss = model(input_ids=ids, labels=ids).loss
             models.finish_training_step(optimizer, loss)
     elif name == "resnet50":
@@ -71,6 +76,7 @@ def build(torch, name):
             models.finish_training_step(optimizer, loss)
     else:
         raise SystemExit("unknown model %r (gpt2, resnet50, llama)" % name)
+    step.autocast = True
     return model, optimizer, step
 
 
@@ -132,10 +138,15 @@ def train(gmem, torch, name, step, batch_size, steps):
     return steps, None, time.perf_counter() - started
 
 
-def what_if_check(gmem, torch, model, step, cap):
-    """what_fits at the cap, then each measured row's peak at the reference against one real
-    step under that setting."""
-    table = gmem.what_fits(step, model=model, limit=cap, restore=None)
+def what_if_check(gmem, torch, model, optimizer, step, cap):
+    """what_fits at the cap for the step in fp32 (GPT-2's step without its autocast), then each
+    measured row's peak allocated at the reference against one real step at that setting."""
+    step.autocast = False
+    try:
+        table = gmem.what_fits(step, model=model, limit=cap, restore=(model, optimizer))
+    finally:
+        step.autocast = True
+    step.autocast = False
     print(table, flush=True)
     checks = []
     reference = table.reference
@@ -161,13 +172,14 @@ def what_if_check(gmem, torch, model, step, cap):
                     step(reference)
             else:
                 step(reference)
-            measured = gmem.max_memory_reserved()
+            measured = gmem.max_memory_allocated()
         finally:
             if toggle is not None:
                 toggle.gradient_checkpointing_disable()
         checks.append({"setting": row.setting, "predicted_peak": row.peak,
                        "measured_peak": measured,
                        "error": (row.peak - measured) / float(measured)})
+    step.autocast = True
     return table.as_dict(), checks
 
 
@@ -205,8 +217,8 @@ def main():
             record.update(train_steps=ran, train_oom=oom, train_seconds=seconds,
                           train_peak_reserved=gmem.max_memory_reserved())
         if args.what_if:
-            record["what_if"], record["what_if_checks"] = what_if_check(gmem, torch, model, step,
-                                                                          cap)
+            record["what_if"], record["what_if_checks"] = what_if_check(
+                gmem, torch, model, optimizer, step, cap)
         gmem.set_memory_limit(0)
         common.emit(record, args.out)
         optimizer.zero_grad(set_to_none=True)

@@ -54,7 +54,7 @@ class Probe:
     """One step the fit ran: its batch size, what it was for, and what gmem measured."""
 
     __slots__ = ("batch_size", "kind", "ok", "peak_allocated", "peak_reserved", "before",
-                 "after", "saved_bytes", "seconds", "error")
+                 "after", "reserved_before", "needed", "saved_bytes", "seconds", "error")
 
     def __init__(self, batch_size, kind):
         self.batch_size = batch_size
@@ -64,6 +64,9 @@ class Probe:
         self.peak_reserved = 0      # peak reserved bytes during the step (gmem's)
         self.before = 0             # allocated bytes when the step began (weights, state)
         self.after = 0              # allocated bytes when it ended
+        self.reserved_before = 0    # reserved bytes when the step began
+        self.needed = 0             # out of memory: allocated + the request that failed, at least
+                                    # what the step's peak would have been
         self.saved_bytes = None     # bytes autograd saved for backward in the step (torch only)
         self.seconds = 0.0          # wall time of the step
         self.error = ""             # the out-of-memory message, when it ran out
@@ -84,13 +87,18 @@ class Probe:
 
 
 class _Line:
-    """peak(b) = fixed + per_sample * b, through two probes' peaks (allocated bytes)."""
+    """peak(b) = fixed + per_sample * b through the larger probe `b`, with the slope of the chord
+    from `a` (allocated bytes), or `slope` where that is steeper. `b_peak` stands for b's peak
+    where b ran out of memory (the least its peak would have been)."""
 
-    def __init__(self, a, b):
+    def __init__(self, a, b, slope=None, b_peak=None):
         if a.batch_size == b.batch_size:
             raise ValueError("a line needs two batch sizes")
-        self.per_sample = (b.peak_allocated - a.peak_allocated) / float(b.batch_size - a.batch_size)
-        self.fixed = a.peak_allocated - self.per_sample * a.batch_size
+        top = b.peak_allocated if b_peak is None else b_peak
+        self.per_sample = (top - a.peak_allocated) / float(b.batch_size - a.batch_size)
+        if slope is not None and slope > self.per_sample:
+            self.per_sample = slope
+        self.fixed = top - self.per_sample * b.batch_size
         self.through = (a.batch_size, b.batch_size)
 
     def peak(self, batch_size):
@@ -101,6 +109,15 @@ class _Line:
         if self.per_sample <= 0:
             return None
         return int(math.floor((budget - self.fixed) / self.per_sample))
+
+
+def _saved_slope(a, b):
+    """Bytes autograd saved for backward per sample between two probes (None without them).
+    Where a step's peak comes after its backward (the optimizer's, at small batches), the peak
+    hides the activations; what autograd saves still grows with the batch."""
+    if a.saved_bytes is None or b.saved_bytes is None or a.batch_size == b.batch_size:
+        return None
+    return (b.saved_bytes - a.saved_bytes) / float(b.batch_size - a.batch_size)
 
 
 class Fit:
@@ -259,7 +276,10 @@ class _SavedBytes:
                 self.storages[storage.data_ptr()] = storage.nbytes()
         except (RuntimeError, NotImplementedError, TypeError, AttributeError):
             pass  # sparse or subclass tensors without one storage
-        return tensor
+        # Not the tensor itself: an output saved by its own node would then hold that node
+        # through its grad_fn, a cycle through C++ that no collector frees, and a step that ran
+        # out of memory before its backward would keep its whole graph.
+        return tensor.detach()
 
     @staticmethod
     def _unpack(tensor):
@@ -294,6 +314,7 @@ class _Runner:
         probe = Probe(batch_size, kind)
         self._sync()
         probe.before = memory.memory_allocated(self.device)
+        probe.reserved_before = memory.memory_reserved(self.device)
         memory.reset_peak_memory_stats(self.device)
         counter = _SavedBytes(self.torch) if self.count_saved else None
         started = time.perf_counter()
@@ -318,6 +339,7 @@ class _Runner:
         probe.peak_reserved = memory.max_memory_reserved(self.device)
         if failure is not None:
             probe.error = failure
+            probe.needed = max(probe.peak_allocated, _needed_at_failure(self.device))
             self._recover(probe)
         probe.after = memory.memory_allocated(self.device)
         if counter is not None and probe.ok:
@@ -352,6 +374,18 @@ class _Runner:
                 "the step at batch size %d ran out of memory and left %s allocated when it was "
                 "caught (gradients of a backward cut short, or state the step creates); it is "
                 "counted in the memory held" % (probe.batch_size, format_bytes(left)))
+
+
+def _needed_at_failure(device):
+    """Allocated bytes plus the request that failed, from gmem's report of the last failure."""
+    from . import observe
+    try:
+        report = observe.last_oom_report(device, as_json=True)
+    except Exception:  # noqa: BLE001 (the report is a refinement; the peak is the fallback)
+        return 0
+    if not report:
+        return 0
+    return int(report.get("allocated", 0)) + int(report.get("request", {}).get("size", 0))
 
 
 # --- the budget --------------------------------------------------------------------------------
@@ -419,7 +453,7 @@ def _check_sizes(probes, max_batch_size):
 
 def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=None,
                    tolerance=0.02, max_steps=8, restore=None, count_saved=True,
-                   distributed=True, timeout=300.0, _wrap=None, _verify=True):
+                   distributed=True, timeout=300.0, _wrap=None, _verify=True, _empty_cache=True):
     """The largest batch size at which `step(batch_size)` runs in the memory gmem may use,
     found by measurement: 3 small probes and 1 verified step when the step's peak is affine in
     the batch (nearly every model), a short search otherwise. Returns a Fit (print it).
@@ -460,6 +494,10 @@ def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=No
     started = time.perf_counter()
     try:
         with _LimitInForce(limit, device):
+            # Free cached memory goes back first, so that what the probes reserve is their own
+            # (gmem's overhead is measured from it).
+            if _empty_cache:
+                memory.empty_cache(device)
             _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_saved,
                  agreement, _wrap, _verify)
     finally:
@@ -498,29 +536,91 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
     if not ran[0].ok:
         fit.upper_bound = ran[0].batch_size
         raise FitError(_nothing_fits(fit, ran[0]), fit)
-    if not ran[-1].ok:  # the second probe already ran out: the first is the pick
-        return _settle(fit, ran[0], ran[-1].batch_size, "searched", runner, tolerance,
-                       max_steps, cap, run)
+    if not ran[-1].ok:  # the second probe already ran out: search below it
+        return _settle(fit, ran[0], ran[-1], runner, max_steps, cap, run)
 
     # The third probe: given, or halfway from the second to the largest the first two predict.
-    line = _Line(ran[0], ran[1])
-    overhead = _overhead(ran)
+    first, second = ran
     if probes is not None:
         third = sizes[2] if len(sizes) > 2 else 0  # the sizes asked for, and no more
     else:
-        estimate = line.largest(fit.budget - overhead)
+        line = _Line(first, second, slope=_saved_slope(first, second))
+        estimate = line.largest(fit.budget - _overhead(None, ran))
         if estimate is None:
-            estimate = 2 * ran[1].batch_size + 2
-        third = ran[1].batch_size + max(1, (estimate - ran[1].batch_size) // 2)
-        third = cap(third)
-    if third > ran[1].batch_size:
+            third = 8 * second.batch_size  # the peak does not grow yet: look further out
+        else:
+            third = second.batch_size + max(1, (estimate - second.batch_size) // 2)
+        third = cap(min(third, _FURTHEST * second.batch_size))
+    if third > second.batch_size:
         p = run(third, "probe")
         ran.append(p)
         if not p.ok:
             fit.upper_bound = p.batch_size
-            return _settle(fit, ran[1], p.batch_size, "searched", runner, tolerance,
-                           max_steps, cap, run, line=line)
+            fit.affine = False
+            fit.notes.append("the probe at %d, halfway to what the first two predict, ran out of "
+                             "memory (caught): memory grows faster than a line here; searching "
+                             "below it" % p.batch_size)
+            return _settle(fit, second, p, runner, max_steps, cap, run)
 
+    notes_before = len(fit.notes)
+    while True:
+        del fit.notes[notes_before:]  # what the last line said: this one says it again
+        line, pick = _line_and_pick(fit, ran, tolerance, cap)
+        last = ran[-1]
+        # A pick far beyond every probe rests on a slope too small to trust (the peak did not
+        # grow yet: a phase that does not scale with the batch sets it). Look further out first,
+        # a bounded step at a time, as long as the steps allow.
+        if pick is not None and pick <= _REACH * last.batch_size:
+            break
+        if len(fit.steps) + 2 > max_steps or (max_batch_size is not None and
+                                              last.batch_size >= max_batch_size):
+            if pick is None:
+                if max_batch_size is None:
+                    raise FitError("the step's peak does not grow with its batch size (%s at %d, "
+                                   "%s at %d): pass max_batch_size" % (
+                                       format_bytes(ran[-2].peak_allocated), ran[-2].batch_size,
+                                       format_bytes(last.peak_allocated), last.batch_size), fit)
+                pick = max_batch_size
+            break
+        p = run(cap(_REACH * last.batch_size), "probe")
+        ran.append(p)
+        if not p.ok:
+            fit.upper_bound = p.batch_size
+            fit.notes.append("the peak barely grew up to %d; the probe at %d ran out of memory "
+                             "(caught): searching between them" % (last.batch_size, p.batch_size))
+            return _settle(fit, last, p, runner, max_steps, cap, run)
+    fit.predicted_peak = int(line.peak(max(pick, 1)))
+    if pick <= last.batch_size:
+        # The largest probe is already at (or past) what the line allows: it is the pick.
+        return _settle(fit, last, None, runner, max_steps, cap, run, line=line,
+                       method="predicted")
+    if not verify:
+        fit.batch_size, fit.method = pick, "predicted"
+        return fit
+    p = run(pick, "verify")
+    if p.ok:
+        fit.measured_peak, fit.measured_reserved = p.peak_allocated, p.peak_reserved
+        miss = (p.peak_allocated - fit.predicted_peak) / float(fit.predicted_peak)
+        if abs(miss) <= tolerance or (pick == max_batch_size and miss <= tolerance):
+            fit.batch_size = p.batch_size
+            fit.method = "predicted"
+            if max_batch_size is not None and pick == max_batch_size:
+                fit.notes.append("max_batch_size (%d) bounds the pick" % max_batch_size)
+            return fit
+        fit.affine = False
+        fit.notes.append("the verified step peaked at %s, %+.1f%% off the line: memory is not "
+                         "affine in the batch here; searching from it" % (
+                             format_bytes(p.peak_allocated), 100.0 * miss))
+        return _settle(fit, p, None, runner, max_steps, cap, run, line=_Line(last, p))
+    fit.upper_bound = p.batch_size
+    fit.notes.append("the step at the predicted %d ran out of memory (caught): stepping back"
+                     % pick)
+    return _settle(fit, last, p, runner, max_steps, cap, run)
+
+
+def _line_and_pick(fit, ran, tolerance, cap):
+    """The line through the two largest steady probes (the saved bytes' slope where steeper),
+    the parts of the peak it gives, and the largest batch it fits (None: the peak does not grow)."""
     steady = [p for p in ran if p.steady]
     if len(steady) < 2:
         steady = ran[-2:]
@@ -530,120 +630,111 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
     elif ran[0] not in steady:
         fit.notes.append("the first step created %s of state (optimizer state, gradients): its "
                          "peak is left out of the line" % format_bytes(ran[0].after - ran[0].before))
-    line = _Line(steady[-2], steady[-1])
+    a, b = steady[-2], steady[-1]
+    saved = _saved_slope(a, b)
+    chord = _Line(a, b)
+    line = _Line(a, b, slope=saved)
+    if saved is not None and saved > (1 + tolerance) * chord.per_sample:
+        fit.notes.append(
+            "the peak grew by %s a sample between %d and %d, less than autograd saves (%s): the "
+            "smaller step peaked elsewhere (in the optimizer step, say), so the line takes the "
+            "saved bytes' slope" % (format_bytes(chord.per_sample), a.batch_size,
+                                    b.batch_size, format_bytes(saved)))
     fit.affine = True
     for p in steady[:-2]:  # a steady probe off the line says the memory is not affine
-        if abs(p.peak_allocated - line.peak(p.batch_size)) > tolerance * p.peak_allocated:
+        off = p.peak_allocated - line.peak(p.batch_size)
+        if abs(off) > tolerance * p.peak_allocated:
             fit.affine = False
             fit.notes.append("the probe at %d peaked at %s, %s off the line through %d and %d" % (
-                p.batch_size, format_bytes(p.peak_allocated),
-                format_bytes(p.peak_allocated - line.peak(p.batch_size)), *line.through))
+                p.batch_size, format_bytes(p.peak_allocated), format_bytes(off), *line.through))
     _parts(fit, line, steady, ran)
     largest = line.largest(fit.budget - fit.overhead)
-    last = ran[-1]
-    if largest is None:
-        fit.notes.append("the peak did not grow with the batch size between %d and %d: "
-                         "nothing bounds the batch but max_batch_size" % line.through)
-        if max_batch_size is None:
-            raise FitError("the step's peak does not grow with its batch size (%s at %d, %s at %d)"
-                           ": pass max_batch_size" % (
-                               format_bytes(steady[-2].peak_allocated), steady[-2].batch_size,
-                               format_bytes(steady[-1].peak_allocated), steady[-1].batch_size),
-                           fit)
-        largest = max_batch_size
-    pick = cap(largest)
-    if pick <= last.batch_size:
-        # The largest probe is already at (or past) what the line allows.
-        return _settle(fit, last, None, "predicted", runner, tolerance, max_steps, cap, run,
-                       line=line)
-    if not verify:
-        fit.batch_size, fit.method = pick, "predicted"
-        fit.predicted_peak = int(line.peak(pick))
-        return fit
-    fit.predicted_peak = int(line.peak(pick))
-    p = run(pick, "verify")
-    if p.ok:
-        fit.measured_peak, fit.measured_reserved = p.peak_allocated, p.peak_reserved
-        miss = abs(p.peak_allocated - fit.predicted_peak) / float(fit.predicted_peak)
-        if miss <= tolerance:
-            fit.batch_size = p.batch_size
-            fit.method = "predicted"
-            if max_batch_size is not None and pick == max_batch_size:
-                fit.notes.append("max_batch_size (%d) bounds the pick" % max_batch_size)
-            return fit
-        fit.affine = False
-        fit.notes.append("the verified step peaked at %s, %+.1f%% off the line: memory is not "
-                         "affine in the batch here; searching" % (
-                             format_bytes(p.peak_allocated),
-                             100.0 * (p.peak_allocated - fit.predicted_peak) / fit.predicted_peak))
-        return _settle(fit, p, None, "searched", runner, tolerance, max_steps, cap, run,
-                       line=_Line(last, p))
-    fit.upper_bound = p.batch_size
-    fit.notes.append("the step at the predicted %d ran out of memory (caught): stepping back"
-                     % pick)
-    return _settle(fit, last, p.batch_size, "searched", runner, tolerance, max_steps, cap, run,
-                   line=line)
+    return line, (None if largest is None else cap(largest))
 
 
-def _settle(fit, lo, hi, method, runner, tolerance, max_steps, cap, run, line=None):
-    """Searches between `lo`, the largest batch seen to run, and `hi`, the smallest seen to run
-    out (None: none yet), each next size from the line through the last two that ran, kept
-    inside the bracket, until they meet or the steps run out. The pick is the largest that ran."""
+# A probe past the largest that ran reaches at most this many times further, where the line
+# rests on a slope the probes barely saw.
+_REACH = 8
+
+# How far the third probe may reach past the second (a multiple of it), when the first two
+# probes say little: far enough to see the activations, not so far that one probe is a big step.
+_FURTHEST = 32
+
+
+def _settle(fit, lo, failed, runner, max_steps, cap, run, line=None, method="searched"):
+    """Searches between `lo`, the largest batch seen to run, and `failed`, the smallest probe
+    seen to run out (None: none yet), until they meet or the steps run out. Each next size comes
+    from the line through the last two that ran; once a step ran out, from the line through the
+    largest that ran and the least the failed step needed (its allocated bytes plus the request
+    that failed), kept inside the bracket. The pick is the largest that ran."""
     fit.method = method
     good = [s for s in fit.steps if s.ok]
-    while len(fit.steps) < max_steps:
+    budget = fit.budget - fit.overhead
+    out_of_steps = False
+    while True:
+        if len(fit.steps) >= max_steps:
+            out_of_steps = True
+            break
+        hi = failed.batch_size if failed is not None else None
         if hi is not None and hi - lo.batch_size <= 1:
             break
-        budget = fit.budget - fit.overhead
-        guess = None
-        if line is not None:
-            guess = line.largest(budget)
+        if failed is not None and failed.needed > lo.peak_allocated:
+            line = _Line(lo, failed, b_peak=failed.needed)
+        guess = line.largest(budget) if line is not None else None
         if guess is None:
             guess = lo.batch_size * 2 if hi is None else (lo.batch_size + hi) // 2
         guess = cap(guess)
         if hi is not None:
-            if guess >= hi:
-                guess = hi - 1
-            if guess <= lo.batch_size:
-                guess = (lo.batch_size + hi) // 2
+            guess = min(guess, hi - 1)
         if guess <= lo.batch_size:
             break  # the line says the largest that ran is the largest that fits
         p = run(guess, "search")
         if p.ok:
             good.append(p)
+            line = _Line(lo, p)
             lo = p
-            if len(good) >= 2:
-                line = _Line(good[-2], good[-1]) if good[-2].batch_size != p.batch_size else line
         else:
-            hi = p.batch_size
-            fit.upper_bound = hi if fit.upper_bound is None else min(fit.upper_bound, hi)
-            # The line overshot: from here on, bisect.
-            line = None
+            failed = p
+            fit.upper_bound = (p.batch_size if fit.upper_bound is None
+                               else min(fit.upper_bound, p.batch_size))
     fit.batch_size = lo.batch_size
     fit.measured_peak, fit.measured_reserved = lo.peak_allocated, lo.peak_reserved
-    if line is not None:
-        fit.predicted_peak = int(line.peak(lo.batch_size))
-    if hi is not None and hi - lo.batch_size > 1:
-        fit.notes.append("the search stopped after %d steps: the largest batch lies in [%d, %d)"
-                         % (len(fit.steps), lo.batch_size, hi))
-    if fit.per_sample == 0 and len(good) >= 2:
-        _parts(fit, _Line(good[-2], good[-1]), good, good)
+    if out_of_steps and failed is not None and failed.batch_size - lo.batch_size > 1:
+        fit.notes.append("the search stopped after max_steps (%d) steps: the largest batch lies "
+                         "in [%d, %d)" % (max_steps, lo.batch_size, failed.batch_size))
+    elif failed is None or failed.batch_size - lo.batch_size > 1:
+        fit.notes.append("the line through the last steps that ran puts the largest batch at %d "
+                         "(%d was not run)" % (lo.batch_size, lo.batch_size + 1))
+    top = sorted(good, key=lambda s: s.batch_size)[-2:]
+    if len(top) == 2 and top[0].batch_size != top[1].batch_size:
+        _parts(fit, _Line(top[0], top[1]), top, good)
     return fit
 
 
-def _overhead(probes):
-    """gmem's reserved bytes beyond allocated at the largest probe's peak that ran."""
+def _overhead(fit, probes):
+    """gmem's reserved bytes beyond allocated at the peak, from the largest probe whose step
+    grew what gmem reserves (one that did not ran inside memory reserved before: it says
+    nothing of the overhead); 1% of the peak where no probe grew it."""
     ok = [p for p in probes if p.ok]
+    for p in reversed(ok):
+        if p.peak_reserved > p.reserved_before:
+            return max(0, p.peak_reserved - p.peak_allocated)
     if not ok:
         return 0
-    return max(0, ok[-1].peak_reserved - ok[-1].peak_allocated)
+    if fit is None:
+        return ok[-1].peak_allocated // 100
+    note = ("no probe grew gmem's reserved memory (memory reserved before the fit covered them): "
+            "its overhead is taken as 1% of the peak")
+    if note not in fit.notes:
+        fit.notes.append(note)
+    return ok[-1].peak_allocated // 100
 
 
 def _parts(fit, line, steady, ran):
     fit.resident = steady[-1].before
     fit.per_sample = max(0, int(round(line.per_sample)))
     fit.step_fixed = max(0, int(round(line.fixed)) - fit.resident)
-    fit.overhead = _overhead(ran)
+    fit.overhead = _overhead(fit, ran)
     with_saved = [p for p in steady if p.saved_bytes is not None]
     if len(with_saved) >= 2:
         a, b = with_saved[-2], with_saved[-1]
@@ -701,12 +792,13 @@ class _Agreement:
     died or hangs makes the others fail with FitError, never wait forever (no collective on the
     device is used, so one rank's out-of-memory cannot leave another stuck inside one)."""
 
-    _rounds = [0]
+    _fits = [0]  # fits begun in this process: every rank begins as many, in the same order
 
-    def __init__(self, store, rank, world_size, timeout, prefix="gmem/fit/"):
+    def __init__(self, store, rank, world_size, timeout, prefix):
         self.store, self.rank, self.world_size = store, rank, world_size
         self.timeout = float(timeout)
         self.prefix = prefix
+        self.rounds = 0
 
     @classmethod
     def for_job(cls, timeout):
@@ -717,12 +809,14 @@ class _Agreement:
         store = distributed._store()
         if store is None:
             return None
-        return cls(store, dist.get_rank(), dist.get_world_size(), timeout)
+        cls._fits[0] += 1
+        return cls(store, dist.get_rank(), dist.get_world_size(), timeout,
+                   "gmem/fit/%d/" % cls._fits[0])
 
     def _exchange(self, value):
         import datetime
-        _Agreement._rounds[0] += 1
-        key = "%s%d/" % (self.prefix, _Agreement._rounds[0])
+        self.rounds += 1
+        key = "%s%d/" % (self.prefix, self.rounds)
         self.store.set(key + str(self.rank), str(value))
         keys = [key + str(r) for r in range(self.world_size)]
         try:
@@ -757,7 +851,8 @@ def _text(value):
 
 
 class Row:
-    """One setting of what_fits()'s table: its peak at the reference batch, its largest batch,
+    """One setting of what_fits()'s table: its peak allocated bytes at the reference batch (the
+    batch that fits as is), its largest batch,
     and whether both were measured (steps run at that setting) or estimated (from the parts)."""
 
     __slots__ = ("setting", "peak", "batch_size", "how", "why", "fit", "micro_batch",
@@ -826,7 +921,7 @@ def _checkpointing_toggles(model, checkpointing):
 
 
 def _row_from_fit(setting, fit, reference, how):
-    peak = int(fit.predicted(reference) + fit.overhead) if fit.per_sample else None
+    peak = int(fit.predicted(reference)) if fit.per_sample else None
     return Row(setting, peak, fit.batch_size, how, fit=fit)
 
 
@@ -869,7 +964,7 @@ def what_fits(step, model=None, target_batch_size=None, levers=("bf16", "checkpo
                 name = {"bf16": "bfloat16", "fp16": "float16"}[lever]
                 fit = fit_batch_size(step, probes=sizes, limit=limit, device=device,
                                      max_batch_size=max_batch_size, _wrap=_autocast(name),
-                                     _verify=False, **fit_options)
+                                     _verify=False, _empty_cache=False, **fit_options)
                 measured[lever] = fit
                 rows.append(_row_from_fit("%s autocast" % lever, fit, reference,
                                           "measured at %d, %d" % tuple(sizes)))
@@ -882,7 +977,7 @@ def what_fits(step, model=None, target_batch_size=None, levers=("bf16", "checkpo
                 try:
                     fit = fit_batch_size(step, probes=sizes, limit=limit, device=device,
                                          max_batch_size=max_batch_size, _verify=False,
-                                         **fit_options)
+                                         _empty_cache=False, **fit_options)
                 finally:
                     disable()
                 measured[lever] = fit
