@@ -9,6 +9,13 @@ Metadata lives in pyproject.toml; this file only adds the CMake step. Environmen
 The CUDA backend is built when CMake finds the CUDA toolkit, as in any CMake build of gmem
 (-DGMEM_WITH_CUDA=ON in GMEM_CMAKE_ARGS makes a missing toolkit an error).
 
+gmem's PyTorch allocator (python/gmem/_torch_allocator.cpp) is compiled here too when torch can
+be imported (so `pip install --no-build-isolation .`, which sees the environment's torch), against
+that torch, with the function and flags of a compile at first use (gmem._shim), into the package:
+then first use needs no compiler. Without torch, or when that compile fails (no CUDA headers, say),
+the install still succeeds, says why, and gmem.torch compiles the allocator at first use.
+  GMEM_BUILD_TORCH_ALLOCATOR   0: do not; 1: fail the install when it cannot be built; else: try
+
 Everything setuptools writes goes under build-pip/ (the CMake build in
 build-pip/temp.*/cmake, kept between installs so that a reinstall only recompiles what
 changed), never under build/, the CMake build directory that README and scripts/test use.
@@ -20,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import types
 
 import setuptools
 from setuptools import Distribution, setup
@@ -90,6 +98,49 @@ def cmake_build(build_dir):
     return build_dir
 
 
+def build_torch_allocator(package_dir, build_dir):
+    """Compiles gmem's PyTorch allocator into package_dir for the torch of this environment and
+    records the outcome (gmem/torch_allocator.json: which torch, or why not), which gmem.torch and
+    `python -m gmem.doctor` read."""
+    # This source tree's gmem._shim (and the _lib and errors it imports) without gmem/__init__.py,
+    # which imports the whole package: only the compile function is needed here.
+    package = types.ModuleType("gmem")
+    package.__path__ = [os.path.join(ROOT, "python", "gmem")]
+    sys.modules["gmem"] = package
+    from gmem import _shim
+
+    choice = os.environ.get("GMEM_BUILD_TORCH_ALLOCATOR", "")
+    reason = None
+    if choice == "0":
+        reason = "GMEM_BUILD_TORCH_ALLOCATOR=0"
+    else:
+        try:
+            import torch
+        except ImportError as e:
+            reason = "torch could not be imported when gmem was installed (%s)" % e
+        else:
+            print("gmem: compiling gmem's PyTorch allocator against torch %s (%s)"
+                  % (torch.__version__, os.path.dirname(torch.__file__)), flush=True)
+            try:
+                path = _shim.build_allocator_into(torch, package_dir,
+                                                  os.path.join(build_dir, "libgmem.so"),
+                                                  os.path.join(ROOT, "include"))
+            except _shim.ShimUnavailable as e:
+                reason = "compiling it against torch %s failed: %s" % (torch.__version__, e)
+            else:
+                print("gmem: built %s for torch %s: gmem.torch uses it with no compile at first use"
+                      % (os.path.basename(path), torch.__version__), flush=True)
+                return
+    if choice == "1":
+        raise SetupError("gmem: GMEM_BUILD_TORCH_ALLOCATOR=1, but gmem's PyTorch allocator was "
+                         "not built: %s" % reason)
+    _shim.write_prebuilt_record(package_dir, {"built": False, "reason": reason})
+    print("gmem: gmem's PyTorch allocator was not built at install time (%s); gmem.torch.enable() "
+          "will compile it at first use (needs a C++ compiler, torch's and CUDA's headers), else "
+          "fall back to CUDAPluggableAllocator. Reinstall with torch present to build it now."
+          % reason, flush=True)
+
+
 class BuildPy(build_py):
     """build_py, plus libgmem.so and the CLI from CMake copied into the built package."""
 
@@ -118,6 +169,7 @@ class BuildPy(build_py):
             target = os.path.join(self.build_lib, "gmem", "include", "gmem", header)
             self.mkpath(os.path.dirname(target))
             self.copy_file(os.path.join(ROOT, "include", "gmem", header), target)
+        build_torch_allocator(os.path.join(self.build_lib, "gmem"), build_dir)
 
 
 class BinaryDistribution(Distribution):

@@ -1,6 +1,6 @@
 """The `gmem` command that `pip install .` puts on PATH: runs the CLI binary (gmem replay,
 summary, leaks...) that the install built into the package as gmem/bin/gmem, or, in an editable
-install, the repository's build/gmem."""
+install, the repository's build/gmem. `gmem doctor` is python -m gmem.doctor."""
 
 import os
 import sys
@@ -11,6 +11,9 @@ CANDIDATES = (os.path.join(_HERE, "bin", "gmem"),
 
 
 def main():
+    if sys.argv[1:2] == ["doctor"]:  # Python's half: the driver, torch, the allocator route
+        from gmem import doctor
+        return doctor.main(sys.argv[2:])
     for binary in CANDIDATES:
         if os.path.isfile(binary) and os.access(binary, os.X_OK):
             # Replaces this process: the exit status and signals are the binary's own.

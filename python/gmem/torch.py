@@ -6,8 +6,10 @@
 
 enable() makes gmem PyTorch's CUDA allocator, one of two ways:
 
-  full       gmem's complete c10 CUDAAllocator (gmem/_torch_allocator.cpp), compiled at first use
-             against the installed torch (torch 2.11) and cached. Everything PyTorch asks its
+  full       gmem's complete c10 CUDAAllocator (gmem/_torch_allocator.cpp), built by `pip install`
+             against the torch installed then (torch 2.11), else compiled at first use against
+             the running torch and cached (`python -m gmem.doctor` says which).
+             Everything PyTorch asks its
              allocator is answered by gmem from C++: statistics, empty_cache, CUDA graph pools
              (torch.cuda.graph, MemPool, torch.compile(mode="reduce-overhead")), memory history
              and snapshots, OOM observers. No Python function is patched.

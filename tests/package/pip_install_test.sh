@@ -108,10 +108,51 @@ result "python -m gmem.run train.py (GMEM=0)" $?
 out="$(in_venv "$venv/bin/python" -m gmem.run train.py 2>&1)"
 status=$?
 echo "$out" | tail -n 1
-[ "$status" -ne 0 ] && echo "$out" | grep -q 'gmem.torch.enable() needs'
+# One line that says why (no torch here; or GMEM_DEVICE=sim where torch is), no traceback.
+[ "$status" -ne 0 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] &&
+  echo "$out" | grep -Eq '^gmem\.run: (PyTorch cannot be imported|gmem\.torch\.enable\(\) needs)'
 result "python -m gmem.run train.py enables gmem.torch first" $?
 
-# 4. The gmem command: the CLI binary inside the package, at the project's version.
+# 4. gmem's PyTorch allocator at install time: built against the venv's torch when it has one
+# (gmem/torch_allocator.json names that torch, and doctor says the route is the install's build);
+# without torch the install said so, recorded why, and doctor says none without torch. Either way
+# `python -m gmem.doctor` and `gmem doctor` run and end with a verdict.
+if in_venv "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  in_venv "$venv/bin/python" - <<'EOF'
+import json, os, torch, gmem
+package = os.path.dirname(gmem.__file__)
+record = json.load(open(os.path.join(package, "torch_allocator.json")))
+assert record["built"] and record["torch"] == torch.__version__, record
+assert os.path.isfile(os.path.join(package, "libgmem_torch_allocator.so"))
+EOF
+  status=$?
+  out="$(in_venv "$venv/bin/python" -m gmem.doctor 2>&1)"
+  echo "$out"
+  [ "$status" -eq 0 ] &&
+    echo "$out" | grep -q '^allocator  *full (built at install): built at install time against torch'
+  result "the PyTorch allocator built at install time against the venv's torch" $?
+else
+  in_venv "$venv/bin/python" - <<'EOF'
+import json, os, gmem
+package = os.path.dirname(gmem.__file__)
+record = json.load(open(os.path.join(package, "torch_allocator.json")))
+assert not record["built"] and "torch could not be imported" in record["reason"], record
+assert not os.path.exists(os.path.join(package, "libgmem_torch_allocator.so"))
+EOF
+  status=$?
+  out="$(in_venv "$venv/bin/python" -m gmem.doctor 2>&1)"
+  echo "$out"
+  [ "$status" -eq 0 ] && grep -q "gmem.torch.enable() will compile it at first use" "$tmp/pip.log" &&
+    echo "$out" | grep -q '^allocator  *none without torch; at install: torch could not be imported'
+  result "without torch the install succeeds and says the allocator is compiled at first use" $?
+fi
+out="$(in_venv "$venv/bin/gmem" doctor 2>&1)"
+status=$?
+echo "$out" | tail -n 1
+[ "$status" -eq 0 ] && echo "$out" | grep -q '^verdict  '
+result "python -m gmem.doctor, gmem doctor" $?
+
+# 5. The gmem command: the CLI binary inside the package, at the project's version.
 version="$(in_venv "$venv/bin/python" -c 'import gmem; print(gmem.__version__)')"
 out="$(in_venv "$venv/bin/gmem" --version 2>&1)"
 echo "$out"
