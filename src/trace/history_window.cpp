@@ -140,6 +140,8 @@ void rebuild_history_window(Trace& trace) {
   // The segments close the state: each block live at the dump is live at the history's end.
   if (trace.has_segments) {
     for (const DumpedBlock& b : trace.dumped_blocks) {
+      if (b.size == 0)
+        throw BadInputError(trace.path, 0, "the snapshot's segments hold a live block of 0 bytes at " + hex(b.addr));
       auto it = seen.find(b.addr);
       if (it == seen.end()) {
         Event alloc;
