@@ -34,7 +34,8 @@ from .observe import (
     top_sites,
     track_modules,
 )
-from .fit import Fit, FitError, WhatFits, find_executable_batch_size, fit_batch_size, what_fits
+from .fit import (Fit, FitError, Probe, Row, WhatFits, find_executable_batch_size, fit_batch_size,
+                  is_out_of_memory, what_fits)
 from .errors import (
     BadInputError,
     DeviceError,
@@ -70,7 +71,8 @@ __all__ = [
     "annotate", "disable_tracking", "dump_snapshot", "enable_tracking", "is_tracking",
     "last_oom_report", "Leaks", "leaks", "ModuleTracking", "python_stack", "scope", "set_frames",
     "snapshot", "step", "top_sites", "track_modules",
-    "Fit", "FitError", "WhatFits", "find_executable_batch_size", "fit_batch_size", "what_fits",
+    "Fit", "FitError", "Probe", "Row", "WhatFits", "find_executable_batch_size", "fit_batch_size",
+    "is_out_of_memory", "what_fits",
     "empty_cache", "format_bytes", "free", "library_path", "malloc", "mark_step", "max_memory_allocated",
     "max_memory_reserved", "memory_allocated", "memory_limit", "memory_reserved", "memory_stat",
     "memory_stats", "memory_summary", "record_stream", "reset_accumulated_memory_stats",

@@ -312,7 +312,10 @@ def track_graphs():
 
     def pack(tensor):
         mark_block(tensor, 1)
-        return tensor
+        # Not the tensor itself: an output its own node saves (ReLU's, say) would hold that node
+        # through its grad_fn, a cycle through C++ that no collector frees, so a graph never run
+        # backward (inference without no_grad, whose output is dropped) would never be freed.
+        return tensor.detach()
 
     def unpack(tensor):
         if not backward_seen[0]:

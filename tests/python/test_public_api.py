@@ -21,6 +21,7 @@ DOCUMENTED = (
     ("gmem.memory", "gmem."),
     ("gmem.observe", "gmem."),
     ("gmem._summary", "gmem."),
+    ("gmem.fit", "gmem."),
     ("gmem.errors", "gmem."),
     ("gmem.torch", "gmem.torch."),
     ("gmem.distributed", "gmem.distributed."),

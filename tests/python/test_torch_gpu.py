@@ -183,6 +183,19 @@ class CompileOnGpuTest(unittest.TestCase):
         for compiled, eager in ours["shape_turns"]:
             self.assertAlmostEqual(compiled, eager, delta=1e-3 * max(1.0, abs(eager)))
 
+class FitOnGpuTest(unittest.TestCase):
+    """gmem.fit_batch_size on a real model under a cap: the pick is the largest batch that runs
+    (tried at pick + 1), no out-of-memory reaches the program, and memory is as it was."""
+
+    def test_fit_finds_the_largest_batch_under_a_cap(self):
+        r = run_worker("fit", "gmem")
+        self.assertEqual(r["pick_runs"], True)
+        self.assertEqual(r["next_runs"], False, "a batch one larger than the pick also fits")
+        self.assertLessEqual(r["steps"], 8)
+        self.assertEqual(r["allocated_after"], r["allocated_before"], "the fit left memory held")
+        self.assertEqual(r["what_fits_first"] in ("as is", "bf16 autocast", "fp16 autocast"), True)
+
+
 class DiagnosticsOnGpuTest(unittest.TestCase):
     """examples/oom_causes.py: the four classic ways to run out of memory, each run to its OOM on
     the GPU (all four at once, each under its own few-GiB limit); the report must name the cause
@@ -210,6 +223,12 @@ class DiagnosticsOnGpuTest(unittest.TestCase):
                 case, report["cause"], report["explanation"], report["advice"][0]))
             self.assertEqual(report["cause"], cause, report["explanation"])
             self.assertIn(fix, report["advice"][0])
+
+    def test_graph_tracking_frees_a_graph_never_run_backward(self):
+        r = run_worker("graph_dropped", "gmem")
+        self.assertEqual(r["left_plain"], 0)
+        self.assertEqual(r["left_tracked"], 0, "graph tracking kept a dropped graph alive")
+        self.assertEqual(r["grads_equal"], True)
 
     def test_graph_tracking_under_torch_compile(self):
         r = run_worker("graphs_compile", "gmem", timeout=600)
@@ -270,6 +289,79 @@ def worker_graphs_compile(torch, result):
     result["cache_graph_bytes"] = [f["graph_bytes"] for f in found]
     watching.remove()
 
+
+
+def worker_graph_dropped(torch, result):
+    # A forward of ReLU layers (each saves its own output) whose output is dropped unused.
+    import gc
+    import gmem
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024),
+                                                      torch.nn.ReLU()) for _ in range(4)]).cuda()
+    x = torch.randn(256, 1024, device="cuda")
+
+    def left_after_forward():
+        gc.collect()
+        base = torch.cuda.memory_allocated()
+        y = model(x)
+        del y
+        gc.collect()
+        return torch.cuda.memory_allocated() - base
+
+    result["left_plain"] = left_after_forward()
+    gmem.enable_tracking()
+    tracking = gmem.torch.track_graphs()
+    result["left_tracked"] = left_after_forward()
+    model(x).sum().backward()
+    tracked = model[0][0].weight.grad.clone()
+    tracking.remove()
+    model.zero_grad()
+    model(x).sum().backward()
+    result["grads_equal"] = bool(torch.equal(tracked, model[0][0].weight.grad))
+
+
+def worker_fit(torch, result):
+    # A small MLP trained with AdamW under a 2 GiB cap: fit, then the pick and one more.
+    import gc
+    import gmem
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.GELU(),
+                                torch.nn.Linear(4096, 4096), torch.nn.GELU(),
+                                torch.nn.Linear(4096, 10)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step(batch_size):
+        x = torch.randn(batch_size, 4096, device="cuda")
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    result["allocated_before"] = torch.cuda.memory_allocated()
+    cap = 2 << 30
+    fit = gmem.fit_batch_size(step, limit=cap, restore=(model, optimizer))
+    result["allocated_after"] = torch.cuda.memory_allocated()
+    result["steps"] = len(fit.steps)
+    print(fit, flush=True)
+
+    def runs(b):
+        try:
+            step(b)
+            return True
+        except torch.OutOfMemoryError as e:
+            e.__traceback__ = None
+            del e
+            gc.collect()
+            return False
+
+    gmem.set_memory_limit(cap)
+    result["pick_runs"] = runs(fit.batch_size)
+    result["next_runs"] = runs(fit.batch_size + 1)
+    gmem.set_memory_limit(0)
+    table = gmem.what_fits(step, model=model, limit=cap, restore=(model, optimizer))
+    print(table, flush=True)
+    result["what_fits_first"] = table.recommendation.setting
 
 
 def deterministic(torch):
@@ -870,7 +962,8 @@ def worker(mode, allocator):
                "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
                "sites": worker_sites, "graphs_compile": worker_graphs_compile,
                "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream,
-               "pool_peaks": worker_pool_peaks}
+               "pool_peaks": worker_pool_peaks, "graph_dropped": worker_graph_dropped,
+               "fit": worker_fit}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()
