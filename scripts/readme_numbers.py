@@ -34,10 +34,14 @@ SOURCES = {
     "gpu_txt": "bench/results/2026-11-28-nvidia-h200-session30.txt",
     # An OOM report as the current build prints it (the leak under a cap, on the simulated device).
     "oom": "bench/results/2026-11-28-vm-oom-report.txt",
+    # gmem.fit_batch_size on an H200: the table of bench/torch/fit_suite.sh, and what the fit and
+    # what_fits print for GPT-2.
+    "fit": "bench/results/2026-11-28-nvidia-h200-fit.txt",
+    "fit_gpt2": "bench/results/2026-11-28-nvidia-h200-fit-gpt2.txt",
 }
 
 # The files whose blocks are generated.
-FILES = ["README.md", "docs/benchmarks.md", "docs/replay.md"]
+FILES = ["README.md", "docs/benchmarks.md", "docs/replay.md", "docs/fit.md"]
 
 BLOCK = re.compile(r"(<!-- numbers:([a-z0-9-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 
@@ -177,7 +181,30 @@ def block_oom(doc):
     return "```\n%s\n```" % body
 
 
+# --- what fits ----------------------------------------------------------------------------------
+
+
+def body_of(rel):
+    """A recorded result without its `# key: value` header lines."""
+    return "\n".join(l for l in read(rel).splitlines() if not l.startswith("#")).strip("\n")
+
+
+def block_fit(doc):
+    h = replay_header(read(SOURCES["fit"]))
+    return "```\n%s\n```\n\n(%s, at %s: %s)" % (body_of(SOURCES["fit"]), h.get("device", "—"),
+                                               h.get("commit", "—"), link(SOURCES["fit"], doc))
+
+
+def block_fit_gpt2(doc):
+    h = replay_header(read(SOURCES["fit_gpt2"]))
+    return "```\n%s\n```\n\n(%s, at %s: %s)" % (body_of(SOURCES["fit_gpt2"]),
+                                               h.get("device", "—"), h.get("commit", "—"),
+                                               link(SOURCES["fit_gpt2"], doc))
+
+
 BLOCKS = {
+    "fit": block_fit,
+    "fit-gpt2": block_fit_gpt2,
     "replay": block_replay,
     "replay-output": block_replay_output,
     "replay-summary": block_replay_summary,

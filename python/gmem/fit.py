@@ -203,8 +203,9 @@ class Fit:
         width = max(len(r[0]) for r in rows)
         lines.append("  %-*s  %12s  %14s" % (width, "part of the peak", "bytes", "at %s" % b))
         for name, value, at in rows:
-            lines.append("  %-*s  %12s  %14s" % (width, name, format_bytes(value),
-                                                 format_bytes(at) if at is not None else ""))
+            lines.append(("  %-*s  %12s  %14s" % (width, name, format_bytes(value),
+                                                  format_bytes(at) if at is not None else "")
+                          ).rstrip())
         if self.predicted_peak is not None:
             line = "  peak allocated at %s: predicted %s" % (b, format_bytes(self.predicted_peak))
             if self.measured_peak is not None:
