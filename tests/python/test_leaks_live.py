@@ -42,6 +42,8 @@ class CudaTensor:
         return 4
     def view(self, offset):
         return CudaTensor(self.ptr, offset)
+    def detach(self):
+        return CudaTensor(self.ptr, self.offset)  # the same storage, without the graph
 
 def autograd_saves(tensor):
     # What autograd does when an operation saves a tensor for backward, under the hooks.

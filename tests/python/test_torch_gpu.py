@@ -308,6 +308,7 @@ def worker_graph_dropped(torch, result):
         gc.collect()
         return torch.cuda.memory_allocated() - base
 
+    left_after_forward()  # the first forward creates cuBLAS's workspace, which stays
     result["left_plain"] = left_after_forward()
     gmem.enable_tracking()
     tracking = gmem.torch.track_graphs()
@@ -338,6 +339,7 @@ def worker_fit(torch, result):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    step(1)  # cuBLAS's workspaces (forward and backward threads) and the optimizer's state
     result["allocated_before"] = torch.cuda.memory_allocated()
     cap = 2 << 30
     fit = gmem.fit_batch_size(step, limit=cap, restore=(model, optimizer))
