@@ -204,8 +204,11 @@ class SnapshotPickleTest(ObserveTestCase):
             with open(path, "rb") as f:
                 d = pickle.load(f)
         self.assertEqual(set(d), {"segments", "device_traces", "allocator_settings",
-                                  "external_annotations", "gmem_graphs"})
+                                  "external_annotations", "gmem_graphs", "gmem_history"})
         self.assertEqual(d["gmem_graphs"], {"backward_runs": False, "saved_for_backward": []})
+        history = d["gmem_history"]  # the ring, and whether it wrapped (docs/wrapped-histories.md)
+        self.assertEqual(history["capacity"], 131072)
+        self.assertEqual((history["dropped_events"], history["wrapped"]), (0, False))
         blocks = {b["address"]: b for s in d["segments"] for b in s["blocks"]}
         self.assertEqual(blocks[p]["state"], "active_allocated")
         self.assertEqual(blocks[p]["frames"][-1],
