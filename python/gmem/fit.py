@@ -453,7 +453,7 @@ def _check_sizes(probes, max_batch_size):
 
 
 def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=None,
-                   tolerance=0.02, max_steps=8, restore=None, count_saved=True,
+                   tolerance=0.02, max_steps=10, restore=None, count_saved=True,
                    distributed=True, timeout=300.0, _wrap=None, _verify=True, _empty_cache=True):
     """The largest batch size at which `step(batch_size)` runs in the memory gmem may use,
     found by measurement: 3 small probes and 1 verified step when the step's peak is affine in
@@ -566,13 +566,23 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
     notes_before = len(fit.notes)
     while True:
         del fit.notes[notes_before:]  # what the last line said: this one says it again
-        line, pick = _line_and_pick(fit, ran, tolerance, cap)
+        line, pick, kinked = _line_and_pick(fit, ran, tolerance, cap)
         last = ran[-1]
         # A pick far beyond every probe rests on a slope too small to trust (the peak did not
         # grow yet: a phase that does not scale with the batch sets it). Look further out first,
         # a bounded step at a time, as long as the steps allow.
         if pick is not None and pick <= _REACH * last.batch_size:
-            break
+            # Smaller probes above the line say a phase that does not scale (the optimizer
+            # step) set their peak: the line's own smaller probe may sit on that bend and its
+            # slope be too shallow. Where the pick is far, a probe halfway to it goes first.
+            if not (kinked and pick > 2 * last.batch_size and len(fit.steps) + 3 <= max_steps):
+                break
+            p = run(last.batch_size + (pick - last.batch_size) // 2, "probe")
+            ran.append(p)
+            if not p.ok:
+                fit.upper_bound = p.batch_size
+                return _settle(fit, last, p, runner, max_steps, cap, run)
+            continue
         if len(fit.steps) + 2 > max_steps or (max_batch_size is not None and
                                               last.batch_size >= max_batch_size):
             if pick is None:
@@ -607,6 +617,14 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
             fit.method = "predicted"
             if max_batch_size is not None and pick == max_batch_size:
                 fit.notes.append("max_batch_size (%d) bounds the pick" % max_batch_size)
+                return fit
+            # The overhead was taken from a smaller probe; what the verified step reserved says
+            # whether whole samples more still fit (where a sample is small against a page).
+            room = fit.budget - p.peak_reserved
+            more = int(room // fit.per_sample) if fit.per_sample > 0 else 0
+            if more >= 1 and len(fit.steps) < max_steps:
+                return _settle(fit, p, None, runner, max_steps, cap, run, line=line,
+                               method="predicted", first_guess=cap(pick + more))
             return fit
         fit.affine = False
         fit.notes.append("the verified step peaked at %s, %+.1f%% off the line: memory is not "
@@ -642,15 +660,17 @@ def _line_and_pick(fit, ran, tolerance, cap):
             "saved bytes' slope" % (format_bytes(chord.per_sample), a.batch_size,
                                     b.batch_size, format_bytes(saved)))
     fit.affine = True
+    kinked = False
     for p in steady[:-2]:  # a steady probe off the line says the memory is not affine
         off = p.peak_allocated - line.peak(p.batch_size)
         if abs(off) > tolerance * p.peak_allocated:
             fit.affine = False
+            kinked = kinked or off > 0
             fit.notes.append("the probe at %d peaked at %s, %s off the line through %d and %d" % (
                 p.batch_size, format_bytes(p.peak_allocated), format_bytes(off), *line.through))
     _parts(fit, line, steady, ran)
     largest = line.largest(fit.budget - fit.overhead)
-    return line, (None if largest is None else cap(largest))
+    return line, (None if largest is None else cap(largest)), kinked
 
 
 # A probe past the largest that ran reaches at most this many times further, where the line
@@ -662,7 +682,8 @@ _REACH = 8
 _FURTHEST = 32
 
 
-def _settle(fit, lo, failed, runner, max_steps, cap, run, line=None, method="searched"):
+def _settle(fit, lo, failed, runner, max_steps, cap, run, line=None, method="searched",
+            first_guess=None):
     """Searches between `lo`, the largest batch seen to run, and `failed`, the smallest probe
     seen to run out (None: none yet), until they meet or the steps run out. Each next size comes
     from the line through the last two that ran; once a step ran out, from the line through the
@@ -682,6 +703,8 @@ def _settle(fit, lo, failed, runner, max_steps, cap, run, line=None, method="sea
         if failed is not None and failed.needed > lo.peak_allocated:
             line = _Line(lo, failed, b_peak=failed.needed)
         guess = line.largest(budget) if line is not None else None
+        if first_guess is not None:
+            guess, first_guess = first_guess, None
         if guess is None:
             guess = lo.batch_size * 2 if hi is None else (lo.batch_size + hi) // 2
         guess = cap(guess)

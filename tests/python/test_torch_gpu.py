@@ -337,7 +337,7 @@ def worker_fit(torch, result):
     optimizer = torch.optim.AdamW(model.parameters())
 
     def step(batch_size):
-        x = torch.randn(batch_size, 4096, device="cuda")
+        x = torch.randn(batch_size, 64, 4096, device="cuda")  # 64 tokens a sample
         loss = model(x).square().mean()
         loss.backward()
         optimizer.step()
