@@ -29,6 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = {
     # `gmem replay tests/data/*.trace.csv.gz` on the simulated device, as README's first command.
     "replay": "bench/results/2026-11-28-vm-replay.txt",
+    # ... and as README's first command prints it (100 columns and the legend).
+    "replay_default": "bench/results/2026-11-28-vm-replay-default.txt",
     # The latest scripts/gpu-check on an H200: .json for the numbers, .txt for the printed table.
     "gpu_json": "bench/results/2026-11-28-nvidia-h200-session30.json",
     "gpu_txt": "bench/results/2026-11-28-nvidia-h200-session30.txt",
@@ -97,19 +99,19 @@ def block_replay(doc):
             r["trace"], r["peak_allocated"], r["pytorch_reserved"], r["gmem_reserved"], r["min_capacity"],
             r["device_ms"]))
     out.append("")
-    out.append("`gmem replay tests/data/*.trace.csv.gz` on %s, %s, at %s (%s). Ratios are over peak "
-               "allocated." % (h.get("device", "—"), h.get("date", "—"), h.get("commit", "—"),
-                               link(SOURCES["replay"], doc)))
+    out.append("`%s` on %s, %s, at %s (%s). Ratios are over peak allocated." % (
+        h.get("command", "gmem replay tests/data/*.trace.csv.gz"), h.get("device", "—"),
+        h.get("date", "—"), h.get("commit", "—"), link(SOURCES["replay"], doc)))
     return "\n".join(out)
 
 
 def block_replay_output(doc):
-    text = read(SOURCES["replay"])
+    text = read(SOURCES["replay_default"])
     body = "\n".join(l for l in text.splitlines() if not l.startswith("#")).strip("\n")
     h = replay_header(text)
     return "```\n$ %s\n%s\n```\n\n(%s, %s, at %s: %s.)" % (
         h.get("command", "gmem replay tests/data/*.trace.csv.gz"), body, h.get("device", "—"),
-        h.get("date", "—"), h.get("commit", "—"), link(SOURCES["replay"], doc))
+        h.get("date", "—"), h.get("commit", "—"), link(SOURCES["replay_default"], doc))
 
 
 def block_replay_summary(doc):
