@@ -34,12 +34,14 @@ from .observe import (
     top_sites,
     track_modules,
 )
-from .fit import (Fit, FitError, Probe, Row, WhatFits, find_executable_batch_size, fit_batch_size,
-                  is_out_of_memory, what_fits)
+from .find_batch import find_executable_batch_size
+from .fit import Fit, Probe, fit_batch_size, is_out_of_memory
+from .levers import Row, WhatFits, what_fits
 from .errors import (
     BadInputError,
     DeviceError,
     DoubleFreeError,
+    FitError,
     GmemError,
     InvalidArgumentError,
     InvalidPointerError,

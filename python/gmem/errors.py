@@ -1,4 +1,5 @@
-"""gmem's errors as Python exceptions, one class per status code of the C API (gmem.h)."""
+"""gmem's errors as Python exceptions: one class per status code of the C API (gmem.h), and
+FitError, for gmem.fit_batch_size."""
 
 
 class GmemError(RuntimeError):
@@ -31,6 +32,15 @@ class DoubleFreeError(GmemError, ValueError):
 
 class DeviceError(GmemError):
     """A CUDA driver call failed for a reason other than memory."""
+
+
+class FitError(GmemError):
+    """No batch size fits, or the fit could not go on; the message says what was measured.
+    `.fit` holds what was learned so far (a Fit, whose .steps lists the steps run)."""
+
+    def __init__(self, message, fit=None):
+        super().__init__(message)
+        self.fit = fit
 
 
 class BadInputError(GmemError, ValueError):

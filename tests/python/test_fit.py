@@ -8,7 +8,7 @@ import unittest
 from support import GiB, MiB, assert_child_ok
 
 import gmem
-from gmem import fit as fitting
+from gmem import _fit_ranks
 
 
 class SyntheticStep:
@@ -287,7 +287,7 @@ class AgreementTest(unittest.TestCase):
         results = {}
 
         def rank(r, value):
-            results[r] = fitting._Agreement(store, r, 3, timeout=10, prefix="t1/").min(value)
+            results[r] = _fit_ranks._Agreement(store, r, 3, timeout=10, prefix="t1/").min(value)
 
         threads = [threading.Thread(target=rank, args=(r, v)) for r, v in enumerate((12, 9, 15))]
         for t in threads:
@@ -299,7 +299,7 @@ class AgreementTest(unittest.TestCase):
     def test_a_rank_that_never_answers_fails_the_others_in_bounded_time(self):
         store = FakeStore()
         with self.assertRaises(gmem.FitError) as caught:
-            fitting._Agreement(store, 0, 2, timeout=0.2, prefix="t2/").min(5)
+            _fit_ranks._Agreement(store, 0, 2, timeout=0.2, prefix="t2/").min(5)
         self.assertIn("rank 1 did not answer", str(caught.exception))
 
 
