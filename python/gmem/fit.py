@@ -115,7 +115,6 @@ class Fit:
         self.steps = []
         self.notes = []
         self.seconds = 0.0
-        self.rank_batch_size = None  # this rank's own pick, before ranks agreed (distributed)
 
     @property
     def fixed(self):
@@ -134,7 +133,7 @@ class Fit:
             "batch_size", "budget", "limit", "device_total", "held_outside", "resident",
             "step_fixed", "per_sample", "saved_per_sample", "overhead", "predicted_peak",
             "measured_peak", "measured_reserved", "affine", "method", "upper_bound", "notes",
-            "seconds", "rank_batch_size")}
+            "seconds")}
         out["fixed"] = self.fixed
         out["steps"] = [s.as_dict() for s in self.steps]
         return out
@@ -216,7 +215,8 @@ def _check_sizes(probes, max_batch_size):
 
 def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=None,
                    tolerance=0.02, max_steps=10, restore=None, count_saved=True,
-                   distributed=True, timeout=300.0, _wrap=None, _verify=True, _empty_cache=True):
+                   distributed=True, timeout=300.0, _wrap=None, _verify=True, _empty_cache=True,
+                   _agreement=None):
     """The largest batch size at which `step(batch_size)` runs in the memory gmem may use,
     found by measurement: 3 small probes and 1 verified step when the step's peak is affine in
     the batch (nearly every model), a short search otherwise. Returns a Fit (print it).
@@ -251,7 +251,9 @@ def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=No
         raise InvalidArgumentError("tolerance: a fraction in (0, 1), got %r" % (tolerance,))
     if max_steps < 3:
         raise InvalidArgumentError("max_steps: at least 3, got %r" % (max_steps,))
-    agreement = _Agreement.for_job(timeout) if distributed else None
+    agreement = _agreement
+    if agreement is None and distributed:
+        agreement = _Agreement.for_job(timeout)
     saved_state = _save_state(restore)
     fit = Fit()
     started = time.perf_counter()
@@ -275,6 +277,7 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
          agreement, wrap, verify):
     runner = _Runner(step, device, count_saved, fit, wrap)
     fit.budget, fit.limit, fit.device_total, fit.held_outside = _budget(device)
+    own_budget = fit.budget
     if agreement is not None:
         fit.budget = agreement.min(fit.budget)
     cap = (lambda b: b) if max_batch_size is None else (lambda b: min(b, max_batch_size))
@@ -282,12 +285,9 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
     sizes = [b for b in sizes if b <= cap(b)] or [1]
 
     def run(b, kind):
-        if agreement is not None:
-            b = agreement.min(b)
         probe = runner.run(b, kind)
-        if agreement is not None and not agreement.all(probe.ok) and probe.ok:
-            probe.ok = False  # this rank ran it, another did not: no rank may go on with it
-            probe.error = "another rank ran out of memory at this batch size"
+        if agreement is not None:  # the job's numbers, so that every rank decides alike
+            agreement.combine(probe, own_budget, fit.budget)
         return probe
 
     ran = []

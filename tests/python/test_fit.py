@@ -281,6 +281,83 @@ class FakeStore:
                 raise RuntimeError("Wait timeout")
 
 
+RANK_CHILD = r"""
+import json, os, sys, time
+import gmem
+from gmem import _fit_ranks
+
+class FileStore:
+    # The part of torch.distributed's store the agreement uses, over files in a folder.
+    def __init__(self, root):
+        self.root = root
+    def _path(self, key):
+        return os.path.join(self.root, key.replace("/", "_"))
+    def set(self, key, value):
+        tmp = self._path(key) + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(value)
+        os.replace(tmp, self._path(key))
+    def get(self, key):
+        with open(self._path(key)) as f:
+            return f.read().encode()
+    def check(self, keys):
+        return all(os.path.exists(self._path(k)) for k in keys)
+    def wait(self, keys, timeout):
+        deadline = time.monotonic() + timeout.total_seconds()
+        while not self.check(keys):
+            if time.monotonic() > deadline:
+                raise RuntimeError("Wait timeout")
+            time.sleep(0.005)
+
+rank, world, root, limit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+MiB = 1 << 20
+weights = gmem.malloc(300 * MiB)
+def step(b):
+    p = gmem.malloc(100 * MiB + 48 * MiB * b)
+    gmem.free(p)
+agreement = _fit_ranks._Agreement(FileStore(root), rank, world, timeout=20, prefix="fit/1/")
+try:
+    fit = gmem.fit_batch_size(step, limit=limit, _agreement=agreement)
+    print(json.dumps({"batch_size": fit.batch_size, "sizes": [p.batch_size for p in fit.steps]}))
+except gmem.FitError as e:
+    print(json.dumps({"error": str(e)}))
+"""
+
+
+class RanksTest(unittest.TestCase):
+    """Ranks in separate processes (each its own simulated device and limit) agreeing through a
+    store: every rank runs the same batch sizes, and all take the smallest rank's pick."""
+
+    def run_ranks(self, limits):
+        import json
+        import subprocess
+        import sys
+        import tempfile
+        from support import child_env
+        with tempfile.TemporaryDirectory() as root:
+            children = [subprocess.Popen(
+                [sys.executable, "-c", RANK_CHILD, str(rank), str(len(limits)), root, str(limit)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                env=child_env(GMEM_DEVICE="sim")) for rank, limit in enumerate(limits)]
+            results = []
+            for child in children:
+                out, err = child.communicate(timeout=120)
+                self.assertEqual(child.returncode, 0, out + err)
+                results.append(json.loads(out.strip().splitlines()[-1]))
+            return results
+
+    def test_ranks_run_the_same_steps_and_take_the_smallest_pick(self):
+        results = self.run_ranks([3 * GiB, 4 * GiB])
+        smallest = (3 * GiB - 400 * MiB) // (48 * MiB)
+        self.assertEqual([r["batch_size"] for r in results], [smallest, smallest], results)
+        self.assertEqual(results[0]["sizes"], results[1]["sizes"])
+
+    def test_a_rank_that_cannot_fit_anything_fails_every_rank(self):
+        results = self.run_ranks([300 * MiB + 64 * MiB, 4 * GiB])
+        for r in results:
+            self.assertIn("error", r, results)
+
+
 class AgreementTest(unittest.TestCase):
     def test_ranks_take_the_smallest_value(self):
         store = FakeStore()
