@@ -97,6 +97,13 @@ gmem_status_t gmem_leaks_json(int device, char* buf, size_t size, size_t* needed
  * [{"site": "train.py:42:forward", "bytes": 1048576, "count": 3}, ...]; [] when untracked. */
 gmem_status_t gmem_top_sites_json(int device, size_t n, char* buf, size_t size, size_t* needed);
 
+/* The live blocks on `device`, for the Python layer's holder search (gmem.holders):
+ * {"tracked": true, "step": N, "blocks": [{"address", "size", "step", "site",
+ * "saved_for_backward"}]}, only those whose site (as leak findings name it) is `site` unless it
+ * is NULL or ""; untracked: {"tracked": false, "blocks": [{"address", "size"}]} (all of them). */
+gmem_status_t gmem_live_blocks_json(int device, const char* site, char* buf, size_t size,
+                                    size_t* needed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -321,6 +321,49 @@ gmem_status_t gmem_top_sites_json(int device, size_t n, char* buf, size_t size, 
   });
 }
 
+gmem_status_t gmem_live_blocks_json(int device, const char* site, char* buf, size_t size,
+                                    size_t* needed) {
+  // For the Python layer's holder search (python/gmem/holders.py): the live blocks without the
+  // history a snapshot carries, which costs a second to turn into Python objects.
+  return run_guarded("gmem_live_blocks_json", [&] {
+    gmem::capi::DeviceContext& context = gmem::capi::context(device);
+    const gmem::Tracker* tracker = gmem::capi::slot(context).load(std::memory_order_acquire);
+    const std::string_view wanted = site != nullptr ? site : "";
+    gmem::json::Writer w;
+    w.begin_object().field("tracked", tracker != nullptr);
+    w.key("blocks").begin_array();
+    if (tracker != nullptr) {
+      const gmem::TrackerState state = tracker->state();
+      std::map<std::uint64_t, std::string> sites;  // (scope, frames) -> site, made once each
+      for (const gmem::LiveAllocation& a : state.live) {
+        const std::uint64_t key = (std::uint64_t{a.scope} << 32) | a.frames;
+        auto it = sites.find(key);
+        if (it == sites.end()) it = sites.emplace(key, gmem::site_of(a.scope, a.frames)).first;
+        if (!wanted.empty() && it->second != wanted) continue;
+        w.begin_object()
+            .field("address", std::uint64_t{a.addr})
+            .field("size", std::uint64_t{a.size})
+            .field("step", std::uint64_t{a.step})
+            .field("site", std::string_view(it->second))
+            .field("saved_for_backward", a.saved_for_backward)
+            .end_object();
+      }
+      w.end_array().field("step", std::uint64_t{state.step});
+    } else {
+      context.engine->for_each_block([&](const gmem::BlockInfo& b) {
+        if (!wanted.empty()) return;
+        w.begin_object()
+            .field("address", std::uint64_t{reinterpret_cast<std::uintptr_t>(b.ptr)})
+            .field("size", std::uint64_t{b.size})
+            .end_object();
+      });
+      w.end_array();
+    }
+    w.end_object();
+    copy_text_out(w.str(), buf, size, needed);
+  });
+}
+
 gmem_status_t gmem_leaks_json(int device, char* buf, size_t size, size_t* needed) {
   return run_guarded("gmem_leaks_json", [&] {
     copy_text_out(gmem::capi::live_leaks_json(device), buf, size, needed);
