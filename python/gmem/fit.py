@@ -115,6 +115,7 @@ class Fit:
         self.steps = []
         self.notes = []
         self.seconds = 0.0
+        self.ranks = 1  # ranks that fitted together (torch.distributed); the budget is the smallest
 
     @property
     def fixed(self):
@@ -133,7 +134,7 @@ class Fit:
             "batch_size", "budget", "limit", "device_total", "held_outside", "resident",
             "step_fixed", "per_sample", "saved_per_sample", "overhead", "predicted_peak",
             "measured_peak", "measured_reserved", "affine", "method", "upper_bound", "notes",
-            "seconds")}
+            "seconds", "ranks")}
         out["fixed"] = self.fixed
         out["steps"] = [s.as_dict() for s in self.steps]
         return out
@@ -189,6 +190,8 @@ class Fit:
             parts.append("the device's %s" % format_bytes(self.device_total))
         if self.held_outside:
             parts.append("%s held outside gmem" % format_bytes(self.held_outside))
+        if self.ranks > 1:
+            return "the tightest of %d ranks; this rank: %s" % (self.ranks, ", ".join(parts))
         return ", ".join(parts)
 
 
@@ -280,6 +283,7 @@ def _fit(step, fit, probes, max_batch_size, device, tolerance, max_steps, count_
     own_budget = fit.budget
     if agreement is not None:
         fit.budget = agreement.min(fit.budget)
+        fit.ranks = agreement.world_size
     cap = (lambda b: b) if max_batch_size is None else (lambda b: min(b, max_batch_size))
     sizes = probes if probes is not None else [1, 2]
     sizes = [b for b in sizes if b <= cap(b)] or [1]
