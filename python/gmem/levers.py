@@ -1,14 +1,16 @@
 """What fits under the usual levers against running out of memory: mixed precision, activation
-checkpointing, inference under no_grad, gradient accumulation (gmem.what_fits; docs/fit.md)."""
+checkpointing, inference under no_grad, gradient accumulation, a cap on sequence length
+(gmem.what_fits; docs/fit.md)."""
 
 from ._fit_run import _load_state, _save_state, _torch
 from ._summary import format_bytes
 from .fit import fit_batch_size
 
+
 class Row:
     """One setting of what_fits()'s table: its peak allocated bytes at the reference batch (the
-    batch that fits as is), its largest batch,
-    and whether both were measured (steps run at that setting) or estimated (from the parts)."""
+    batch that fits as is), its largest batch, and whether both were measured (steps run at
+    that setting) or estimated (from the parts of the fit)."""
 
     __slots__ = ("setting", "peak", "batch_size", "how", "why", "fit", "micro_batch",
                  "accumulation_steps")
@@ -31,6 +33,8 @@ class WhatFits:
 
     def __init__(self, base, rows, reference, target):
         self.base, self.rows, self.reference, self.target = base, rows, reference, target
+        self.per_token = None          # with seq_len: a sample's bytes a token ...
+        self.per_token_squared = None  # ... and a token squared (attention's scores)
 
     @property
     def recommendation(self):
@@ -38,7 +42,8 @@ class WhatFits:
 
     def as_dict(self):
         return {"reference_batch_size": self.reference, "target_batch_size": self.target,
-                "rows": [r.as_dict() for r in self.rows], "fit": self.base.as_dict()}
+                "rows": [r.as_dict() for r in self.rows], "fit": self.base.as_dict(),
+                "per_token": self.per_token, "per_token_squared": self.per_token_squared}
 
     def __str__(self):
         head = ("setting", "peak at %d" % self.reference, "largest batch", "how")
@@ -57,6 +62,10 @@ class WhatFits:
         for r in self.rows:
             if r.why:
                 lines.append("  %s: %s" % (r.setting, r.why))
+        if self.per_token is not None:
+            lines.append("  a sample at length L: %s x L + %s x L^2 (estimated from the lengths "
+                         "measured)" % (format_bytes(self.per_token),
+                                        format_bytes(self.per_token_squared)))
         return "\n".join(lines)
 
 
@@ -81,8 +90,8 @@ def _row_from_fit(setting, fit, reference, how):
 
 
 def what_fits(step, model=None, target_batch_size=None, levers=("bf16", "checkpointing",
-              "no_grad", "accumulation"), checkpointing=None, limit=None, device=None,
-              max_batch_size=None, restore=None, **fit_options):
+              "no_grad", "accumulation"), checkpointing=None, seq_len=None, shorter=None,
+              limit=None, device=None, max_batch_size=None, restore=None, **fit_options):
     """The usual levers against running out of memory, each with the largest batch it fits:
     setting -> peak at the batch that fits as is -> largest batch. The first row is the
     recommendation: the cheapest setting that reaches `target_batch_size` (a global batch), or,
@@ -99,9 +108,18 @@ def what_fits(step, model=None, target_batch_size=None, levers=("bf16", "checkpo
       "accumulation"     with `target_batch_size`: the micro-batch and the number of
                          accumulation steps that reach it (gradients accumulate in place, so
                          the peak is the micro-batch's)
+    Sequence models: with `seq_len`, `step(batch_size, length)` takes the length too; the fit
+    runs at `seq_len`, and each length in `shorter` (default: half of it) is measured as a cap
+    on the sequence length (2 steps each). The per-sample bytes at two lengths or more split
+    into a part per token and attention's part per token squared (WhatFits.per_token,
+    .per_token_squared), which estimate any other length.
     `step`, `limit`, `device`, `max_batch_size`, `restore` and the other options are
     fit_batch_size()'s. Returns WhatFits (print it; .rows, .recommendation, .as_dict())."""
     saved_state = _save_state(restore)
+    full_step = step
+    if seq_len is not None:
+        def step(batch_size):
+            return full_step(batch_size, seq_len)
     try:
         base = fit_batch_size(step, limit=limit, device=device, max_batch_size=max_batch_size,
                               **fit_options)
@@ -149,10 +167,48 @@ def what_fits(step, model=None, target_batch_size=None, levers=("bf16", "checkpo
             rows.append(Row("inference under no_grad", int(weights + per * reference), largest,
                             "estimated", "weights %s + %s a sample (the step's per-sample "
                             "temporaries)" % (format_bytes(weights), format_bytes(per))))
-        return WhatFits(base, _rank(rows, target_batch_size, "accumulation" in levers),
-                        reference, target_batch_size)
+        per_token = None
+        if seq_len is not None:
+            lengths = sorted(set(shorter if shorter is not None else (seq_len // 2,)) - {seq_len})
+            per_length = {seq_len: base.per_sample}
+            for length in lengths:
+                fit = fit_batch_size(lambda b, n=length: full_step(b, n), probes=sizes,
+                                     limit=limit, device=device, max_batch_size=max_batch_size,
+                                     _verify=False, _empty_cache=False, **fit_options)
+                per_length[length] = fit.per_sample
+                rows.append(_row_from_fit("sequence length %d" % length, fit, reference,
+                                          "measured at %d, %d" % tuple(sizes)))
+            per_token = _per_token(per_length)
+        table = WhatFits(base, _rank(rows, target_batch_size, "accumulation" in levers),
+                         reference, target_batch_size)
+        if per_token is not None:
+            table.per_token, table.per_token_squared = per_token
+        return table
     finally:
         _load_state(restore, saved_state)
+
+
+def _per_token(per_length):
+    """(bytes a token, bytes a token squared) of a sample, fitted to the per-sample bytes at two
+    lengths or more by least squares (per_sample = a * L + c * L^2); None with one length."""
+    if len(per_length) < 2:
+        return None
+    sums = [0.0] * 5  # sum L^2, L^3, L^4, S*L, S*L^2
+    for length, per in per_length.items():
+        n = float(length)
+        sums[0] += n * n
+        sums[1] += n ** 3
+        sums[2] += n ** 4
+        sums[3] += per * n
+        sums[4] += per * n * n
+    det = sums[0] * sums[2] - sums[1] * sums[1]
+    if det == 0:
+        return None
+    a = (sums[3] * sums[2] - sums[4] * sums[1]) / det
+    c = (sums[0] * sums[4] - sums[1] * sums[3]) / det
+    if c < 0:  # no quadratic term to speak of: a line through the origin
+        c, a = 0.0, sums[3] / sums[0]
+    return a, c
 
 
 # Extra compute a setting costs, for ranking: none, none, none, a recomputed forward.
@@ -172,7 +228,7 @@ def _rank(rows, target, accumulate):
             steps = -(-target // source.batch_size)
             micro = -(-target // steps)
             best = Row("%s, accumulating %d x %d" % (source.setting, steps, micro),
-                       int(source.fit.predicted(micro) + source.fit.overhead), micro,
+                       int(source.fit.predicted(micro)), micro,
                        "estimated (from the %s line)" % source.setting,
                        "%d micro-batches of %d reach %d; the peak is a micro-batch's"
                        % (steps, micro, steps * micro))

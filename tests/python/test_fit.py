@@ -211,6 +211,35 @@ class FitBatchSizeTest(unittest.TestCase):
         self.assertIn("accumulating", best.setting)
 
 
+class SequenceLengthTest(unittest.TestCase):
+    def test_a_cap_on_sequence_length_and_the_per_token_parts(self):
+        # A sample at length L holds 64 KiB a token and 16 B a token squared (attention-like).
+        baseline = gmem.memory_allocated()
+        weights = gmem.malloc(256 * MiB)
+
+        def per_sample(length):
+            return 64 * 1024 * length + 16 * length * length
+
+        def step(batch_size, length):
+            p = gmem.malloc(64 * MiB + per_sample(length) * batch_size)
+            gmem.free(p)
+
+        try:
+            table = gmem.what_fits(step, seq_len=2048, shorter=(512, 1024), limit=4 * GiB)
+        finally:
+            gmem.free(weights)
+        self.assertEqual(gmem.memory_allocated(), baseline)
+        rows = {r.setting: r for r in table.rows}
+        for length in (512, 1024):
+            row = rows["sequence length %d" % length]
+            truth = (4 * GiB - 320 * MiB) // per_sample(length)
+            self.assertIn(row.batch_size, (truth - 1, truth), (length, row.batch_size, truth))
+            self.assertTrue(row.how.startswith("measured"))
+        self.assertAlmostEqual(table.per_token / (64 * 1024), 1.0, places=2)
+        self.assertAlmostEqual(table.per_token_squared / 16, 1.0, places=1)
+        self.assertIn("x L^2", str(table))
+
+
 class FitUnderALimitFractionTest(unittest.TestCase):
     def test_limit_set_as_a_fraction_is_the_budget(self):
         # A fresh engine: 5% of the simulated 80 GiB device, set before the fit.
