@@ -23,11 +23,14 @@ int leaks_command(const Args& args);
 extern const char kLeaksUsage[];
 int summary_command(const Args& args);
 extern const char kSummaryUsage[];
+int report_command(const Args& args);
+extern const char kReportUsage[];
 
 inline constexpr Command kCommands[] = {
     {"replay", &replay_command, "replay allocation traces through gmem on a simulated device", kReplayUsage},
     {"leaks", &leaks_command, "find sites whose surviving memory grows step after step", kLeaksUsage},
     {"summary", &summary_command, "memory summary of a trace replayed through gmem, at its end or peak", kSummaryUsage},
+    {"report", &report_command, "one self-contained HTML page of where memory went (opens offline)", kReportUsage},
 };
 
 }  // namespace gmem::cli

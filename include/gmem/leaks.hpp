@@ -103,6 +103,7 @@ struct LeakReport {
   // "annotation '...'") or, inferred, "live-memory minima", "recurring allocation"; "none".
   std::string period_source;
   bool steps_marked = false;  // from the trace's markers, not inferred
+  std::vector<std::int64_t> step_times_us;  // each boundary's time, as the detector saw it (reports)
   std::int64_t start_us = 0;  // time of the trace's first event: reports give times from it
   // Where the file's history began: mid-run (a ring that wrapped) it starts with blocks already
   // live, counted as older than the history and never as its leaks (trace::HistoryWindow).

@@ -136,6 +136,7 @@ LeakReport find_leaks(const trace::Trace& trace, LeakOptions options) {
     if (report.steps_marked) return marker_times[b];
     return ops[boundaries[b]].event->time_us;
   };
+  for (std::size_t b = 0; b < boundaries.size(); ++b) report.step_times_us.push_back(step_time(b));
   for (std::size_t i = 0; i < boundaries.back(); ++i) {  // the teardown after the loop is left out
     const trace::Event& e = *ops[i].event;
     while (next < boundaries.size() && boundaries[next] == i) {

@@ -1,0 +1,20 @@
+// The report as one HTML file: the data (report_data.hpp), the page's script and style, and the
+// chart library with its license, all inline, under a Content-Security-Policy that lets the page
+// fetch nothing: it opens offline, from a mail attachment or a CI artifact.
+#pragma once
+
+#include <string>
+
+#include "report/report_data.hpp"
+
+namespace gmem::report {
+
+// This build embeds the chart library (cmake/gmem_report.cmake found node_modules/uplot).
+bool have_chart_library();
+// What to do when it does not: npm ci in the repository, then build again.
+std::string missing_chart_library_message();
+
+// The page for one trace's report. Throws std::runtime_error when the build has no chart library.
+std::string html_page(const ReportData& data);
+
+}  // namespace gmem::report

@@ -1,0 +1,89 @@
+// gmem report FILE... -o report.html [--png timeline.png]: one self-contained HTML page of where
+// memory went (src/report/), that opens offline.
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "args.hpp"
+#include "commands.hpp"
+#include "gmem/error.hpp"
+#include "gmem/trace.hpp"
+#include "report/html_page.hpp"
+#include "report/png.hpp"
+#include "report/report_data.hpp"
+
+namespace gmem::cli {
+
+const char kReportUsage[] =
+    "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--columns N] [--top N]"
+    GMEM_CLI_READ_LIMITS_SYNOPSIS
+    "\n"
+    "Writes one self-contained HTML page of where a trace's memory went (PyTorch trace CSV,\n"
+    "snapshot pickle, RMM log, gmem's snapshots; - reads one from standard input): the peaks and\n"
+    "the cause as `gmem summary` gives them, allocated and reserved memory over time (gmem's\n"
+    "replay and the recorded allocator's) with step boundaries, out-of-memory events and leaks\n"
+    "marked, allocated memory stacked by site, the leak findings, the largest blocks live at the\n"
+    "peak with their stacks, and the summary table. Dragging across the timeline zooms, and the\n"
+    "tables follow the range. The chart library (uPlot), its license and the data are inlined:\n"
+    "the page fetches nothing and opens offline. Events are downsampled in gmem (each series'\n"
+    "low and high in every pixel column), so a trace of millions of events makes a page of a\n"
+    "few MB. docs/report.md says what each part shows.\n"
+    "\n"
+    "  -o, --output FILE  the HTML file to write (required)\n"
+    "  --png FILE         also write the timeline as a PNG, through headless Chromium (chromium\n"
+    "                     or google-chrome on PATH, or $GMEM_CHROMIUM), for CI logs and issues\n"
+    "  --columns N        timeline columns, two points each (default 2000)\n"
+    "  --top N            sites stacked by name before the rest are summed (default 8)\n"
+    GMEM_CLI_READ_LIMITS_USAGE;
+
+int report_command(const Args& args) {
+  std::string output, png;
+  report::ReportOptions options;
+  trace::ReadLimits limits;
+  std::vector<std::string> files;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (parse_read_limit(args, i, limits)) continue;
+    if (arg == "-o" || arg == "--output") output = option_value(args, i);
+    else if (arg == "--png") png = option_value(args, i);
+    else if (arg == "--columns") options.columns = parse_count(arg, option_value(args, i));
+    else if (arg == "--top") options.top_sites = parse_count(arg, option_value(args, i));
+    else if (arg.starts_with("-") && arg != "-") throw UsageError("unknown option " + arg + " (see gmem help report)");
+    else add_trace_argument(files, arg);
+  }
+  if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help report)");
+  if (output.empty()) throw UsageError("no output given: -o REPORT.html (see gmem help report)");
+  if (files.size() > 1)
+    throw UsageError("one trace a report for now (two inputs overlaid are not written yet): " +
+                     std::to_string(files.size()) + " given");
+  if (options.columns > 100000) throw UsageError("--columns takes at most 100000");
+  if (!report::have_chart_library()) {
+    std::fprintf(stderr, "gmem: report: %s\n", report::missing_chart_library_message().c_str());
+    return 1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const trace::Trace t = read_trace_argument(files[0], limits);
+  if (report_empty_trace(t, files[0], limits, "report")) return 1;
+  const report::ReportData data = report::build_report(t, options);
+  const std::string page = report::html_page(data);
+  {
+    std::ofstream out(output, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error(output + ": cannot open for writing: " + std::strerror(errno));
+    out.write(page.data(), static_cast<std::streamsize>(page.size()));
+    out.close();
+    if (!out) throw std::runtime_error(output + ": write failed: " + std::strerror(errno));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "gmem: wrote %s (%s, %zu events, %.2f s)\n", output.c_str(),
+               format_bytes(page.size()).c_str(), t.events.size(), seconds);
+  if (!png.empty()) return report::write_timeline_png(output, png) ? 0 : 1;
+  return 0;
+}
+
+}  // namespace gmem::cli
