@@ -116,7 +116,7 @@ void warn_on_failure(gmem_status_t status) {
 
 // Shared with observe_c.cpp (declared in capi/observe.hpp).
 namespace gmem::capi {
-gmem_status_t run_guarded(const char* function, const std::function<void()>& body) noexcept {
+gmem_status_t run_guarded(const char* function, FunctionRef<void()> body) noexcept {
   return guarded(function, body);
 }
 void empty_cache(Engine& engine) {

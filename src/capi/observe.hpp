@@ -4,11 +4,11 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "capi/registry.hpp"
+#include "common/function_ref.hpp"
 #include "gmem/gmem.h"
 #include "gmem/summary.hpp"
 
@@ -27,7 +27,7 @@ std::string tracked_cause(DeviceContext& context, const MemoryStats& stats);
 
 // Defined in gmem_c.cpp: runs `body` turning exceptions into a status and the thread's last
 // error, and copies text out as gmem_stats_text does.
-gmem_status_t run_guarded(const char* function, const std::function<void()>& body) noexcept;
+gmem_status_t run_guarded(const char* function, FunctionRef<void()> body) noexcept;
 void copy_text_out(const std::string& text, char* buf, std::size_t size, std::size_t* needed);
 // engine.empty_cache(), saying on stderr, once a process, when calls after every step have made
 // it keep memory (EmptyCacheRule), and how to make it give back everything.

@@ -1,0 +1,80 @@
+// No host allocation on the C API's malloc and free paths in steady state: once a program's
+// sizes have been seen, gmem_malloc / gmem_free and gmem_engine_malloc / gmem_engine_free make
+// no call to operator new. Counted by replacing global operator new in this test binary (its
+// own executable: the replacement covers libgmem.so's calls too).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "gmem/gmem.h"
+
+namespace {
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  ++g_allocations;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void* operator new[](std::size_t size) { return operator new(size); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+// A mix like a training step's: small tensors (slabs) and large ones (pages), two streams.
+constexpr std::size_t kSizes[] = {512, 4096, 70000, 1u << 20, 3u << 20, 40u << 20};
+
+template <class Malloc, class Free>
+long allocations_in_steady_steps(Malloc malloc_fn, Free free_fn) {
+  std::vector<void*> blocks;
+  blocks.reserve(64);
+  auto step = [&] {
+    for (int i = 0; i < 4; ++i) {
+      for (std::size_t size : kSizes) {
+        void* p = nullptr;
+        EXPECT_EQ(malloc_fn(&p, size, static_cast<uintptr_t>(i % 2 == 0 ? 0 : 8)), GMEM_OK);
+        blocks.push_back(p);
+      }
+    }
+    for (void* p : blocks) EXPECT_EQ(free_fn(p), GMEM_OK);
+    blocks.clear();
+  };
+  for (int warm = 0; warm < 3; ++warm) step();  // the engine's structures for these sizes
+  const long before = g_allocations.load();
+  for (int i = 0; i < 20; ++i) step();
+  return g_allocations.load() - before;
+}
+
+TEST(CApiHostAllocation, GmemMallocAndFreeAllocateNothingInSteadyState) {
+  const long n = allocations_in_steady_steps(
+      [](void** p, std::size_t size, uintptr_t stream) { return gmem_malloc(p, size, 0, stream); },
+      [](void* p) { return gmem_free(p); });
+  EXPECT_EQ(n, 0) << n << " operator new calls over 20 steps of 24 mallocs and frees";
+}
+
+TEST(CApiHostAllocation, EngineMallocAndFreeAllocateNothingInSteadyState) {
+  gmem_engine_t* engine = nullptr;
+  ASSERT_EQ(gmem_device_engine(0, &engine), GMEM_OK);
+  const long n = allocations_in_steady_steps(
+      [engine](void** p, std::size_t size, uintptr_t stream) {
+        return gmem_engine_malloc(engine, p, size, stream);
+      },
+      [engine](void* p) { return gmem_engine_free(engine, p); });
+  EXPECT_EQ(n, 0) << n << " operator new calls over 20 steps of 24 mallocs and frees";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("GMEM_DEVICE", "sim", 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
