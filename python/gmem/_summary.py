@@ -23,4 +23,17 @@ def memory_summary(device=None, abbreviated=False):
     """A human-readable table of the current statistics (torch.cuda.memory_summary's layout).
     `abbreviated` is accepted for torch's signature; gmem's table is always the full one."""
     del abbreviated
-    return _lib.text(_lib.lib().gmem_memory_summary, memory.device_index(device))
+    table = _lib.text(_lib.lib().gmem_memory_summary, memory.device_index(device))
+    # What holds the leaked memory (when tracking found leaks) and the processes on the device
+    # (NVML): the Python layer's sections (gmem.holders, docs/holders.md); they never raise.
+    from . import holders, observe
+    sections = []
+    try:
+        if observe.is_tracking(device):
+            found = holders.safe_holders(None, device)
+            if found.targets:
+                sections.append(str(found))
+    except Exception as e:
+        sections.append("Who holds it: not searched (%s)" % e)
+    sections.append(str(holders.safe_processes(device)))
+    return table.rstrip("\n") + "\n" + "\n".join(sections) + "\n"

@@ -253,11 +253,21 @@ def last_oom_report(device=None, as_json=False):
     and call site, leak suspects, and what to do, the fix for the cause first. A str (a dict with as_json=True); None if no
     allocation has failed."""
     dev = -1 if device is None else device_index(device)
-    fn = _c().gmem_oom_report_json if as_json else _c().gmem_oom_report_text
-    text = _lib.text(fn, dev)
-    if not text:
+    text = _raw_oom_report(dev)
+    if text is None:
         return None
-    return json.loads(text) if as_json else text
+    # Who holds the leaked memory, and the processes on the device (gmem.holders): searched once
+    # per OOM, at the OOM where gmem.run's observer ran, else now; never raises.
+    from . import holders
+    if not as_json:
+        return holders.oom_text(text, dev)
+    return holders.oom_json(json.loads(_lib.text(_c().gmem_oom_report_json, dev)), dev, text)
+
+
+def _raw_oom_report(dev):
+    """libgmem's OOM report text, without the Python layer's sections; None if none failed."""
+    text = _lib.text(_c().gmem_oom_report_text, dev)
+    return text or None
 
 
 # --- leaks ---------------------------------------------------------------------------------------
@@ -271,13 +281,24 @@ class Leaks:
     growing_periods, first_seen_us, sample); leaks.as_dicts() gives them as a list;
     leaks.cause / leaks.evidence / leaks.steps the verdict and what it rests on."""
 
-    def __init__(self, report):
+    def __init__(self, report, holders=None):
         self._report = report
+        self.holders = holders  # a gmem.Holders, or None (leaks(holders=False), or no findings)
         self.text = report.pop("text")
+        if holders is not None:
+            from .holders import insert_sections
+            self.text = insert_sections(self.text, [str(holders)], holders.advice)
+            for finding, target in zip(self.findings_of(report), holders.targets):
+                finding["holders"] = target["groups"]
+            report["holders"] = holders.as_dict()
         self.steps = report["periods"]
         self.cause = report["cause"]
         self.evidence = report["evidence"]
         self.findings = report["leaks"]
+
+    @staticmethod
+    def findings_of(report):
+        return report["leaks"]
 
     def as_dicts(self):
         return [dict(f) for f in self.findings]
@@ -331,12 +352,20 @@ def _top_sites(n, device):
     return json.loads(_lib.text(_c().gmem_top_sites_json, device_index(device), _count(n, "n")))
 
 
-def leaks(device=None):
+def leaks(device=None, holders=True):
     """The leak findings so far on `device` (tracking must be on; steps come from gmem.step(),
     or gmem.torch.watch()): the sites whose memory kept across steps grows step after step. A
     Leaks object: print it, or read .as_dicts(). Cheap enough to call every few steps (it looks
-    at the sites' per-step totals, not at every block)."""
-    return Leaks(json.loads(_lib.text(_c().gmem_leaks_json, device_index(device))))
+    at the sites' per-step totals, not at every block) with holders=False, or while nothing
+    leaks. holders=True (the default): when there are findings, also what holds each one's
+    blocks (gmem.holders: a bounded search of the Python heap, docs/holders.md), first in the
+    advice; each finding gets "holders", the report .holders."""
+    report = json.loads(_lib.text(_c().gmem_leaks_json, device_index(device)))
+    found = None
+    if holders and report["leaks"]:
+        from . import holders as search
+        found = search.safe_holders(list(report["leaks"]), device)
+    return Leaks(report, found)
 
 
 # --- modules (PyTorch) --------------------------------------------------------------------------
