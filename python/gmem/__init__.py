@@ -73,6 +73,7 @@ __all__ = [
     "annotate", "disable_tracking", "dump_snapshot", "enable_tracking", "is_tracking",
     "last_oom_report", "Leaks", "leaks", "ModuleTracking", "python_stack", "scope", "set_frames",
     "snapshot", "step", "top_sites", "track_modules",
+    "Holders", "Nvml", "Processes", "holders", "processes",
     "Fit", "FitError", "Probe", "Row", "WhatFits", "find_executable_batch_size", "fit_batch_size",
     "is_out_of_memory", "what_fits",
     "empty_cache", "format_bytes", "free", "library_path", "malloc", "mark_step", "max_memory_allocated",

@@ -26,14 +26,14 @@ def memory_summary(device=None, abbreviated=False):
     table = _lib.text(_lib.lib().gmem_memory_summary, memory.device_index(device))
     # What holds the leaked memory (when tracking found leaks) and the processes on the device
     # (NVML): the Python layer's sections (gmem.holders, docs/holders.md); they never raise.
-    from . import holders, observe
+    from . import _holders, observe
     sections = []
     try:
         if observe.is_tracking(device):
-            found = holders.safe_holders(None, device)
+            found = _holders._safe_holders(None, device)
             if found.targets:
                 sections.append(str(found))
     except Exception as e:
         sections.append("Who holds it: not searched (%s)" % e)
-    sections.append(str(holders.safe_processes(device)))
+    sections.append(str(_holders._safe_processes(device)))
     return table.rstrip("\n") + "\n" + "\n".join(sections) + "\n"

@@ -258,10 +258,10 @@ def last_oom_report(device=None, as_json=False):
         return None
     # Who holds the leaked memory, and the processes on the device (gmem.holders): searched once
     # per OOM, at the OOM where gmem.run's observer ran, else now; never raises.
-    from . import holders
+    from . import _holders
     if not as_json:
-        return holders.oom_text(text, dev)
-    return holders.oom_json(json.loads(_lib.text(_c().gmem_oom_report_json, dev)), dev, text)
+        return _holders._oom_text(text, dev)
+    return _holders._oom_json(json.loads(_lib.text(_c().gmem_oom_report_json, dev)), dev, text)
 
 
 def _raw_oom_report(dev):
@@ -286,8 +286,8 @@ class Leaks:
         self.holders = holders  # a gmem.Holders, or None (leaks(holders=False), or no findings)
         self.text = report.pop("text")
         if holders is not None:
-            from .holders import insert_sections
-            self.text = insert_sections(self.text, [str(holders)], holders.advice)
+            from ._holders import _insert_sections
+            self.text = _insert_sections(self.text, [str(holders)], holders.advice)
             for finding, target in zip(self.findings_of(report), holders.targets):
                 finding["holders"] = target["groups"]
             report["holders"] = holders.as_dict()
@@ -363,8 +363,8 @@ def leaks(device=None, holders=True):
     report = json.loads(_lib.text(_c().gmem_leaks_json, device_index(device)))
     found = None
     if holders and report["leaks"]:
-        from . import holders as search
-        found = search.safe_holders(list(report["leaks"]), device)
+        from . import _holders
+        found = _holders._safe_holders(list(report["leaks"]), device)
     return Leaks(report, found)
 
 

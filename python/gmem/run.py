@@ -85,6 +85,7 @@ def main(argv=None):
         except GmemError as e:
             print("gmem.run: %s" % e, file=sys.stderr)
             return 2
+        _attach_oom_observer()
 
     try:
         if argv[0] == "-m":
@@ -97,6 +98,7 @@ def main(argv=None):
             runpy.run_path(argv[0], run_name="__main__")
     except BaseException as e:
         if _is_out_of_memory(e):
+            _report_holders(e)
             _report_ranks()
         raise
     return 0
@@ -105,6 +107,39 @@ def main(argv=None):
 def _is_out_of_memory(error):
     names = {cls.__name__ for cls in type(error).__mro__}
     return "OutOfMemoryError" in names
+
+
+def _attach_oom_observer():
+    """torch calls it at an out-of-memory, before raising, on the thread that ran out, with the
+    GIL: the holder search then sees the frames that were running (gmem.holders, docs/holders.md).
+    Best effort: an allocator route without OOM observers keeps the search at report time."""
+    try:
+        import torch
+        from gmem import _holders
+        torch._C._cuda_attach_out_of_memory_observer(_holders._on_oom)
+    except Exception:
+        pass
+
+
+def _report_holders(error):
+    """What holds the leaked memory and which processes hold the device, after gmem's report in
+    the error (which C++ wrote without them). The traceback still holds the frames that ran out
+    of memory, so their locals are searched too. Never raises."""
+    try:
+        import gmem
+        from gmem import _holders
+        raw = gmem.observe._raw_oom_report(-1)
+        if raw is None:
+            return
+        found, procs = _holders._oom_sections(raw, -1)
+        parts = [str(p) for p in (found, procs) if p is not None and (p is procs or found.targets or found.notes)]
+        advice = found.advice if found is not None else []
+        if advice:
+            parts.append("What to do first:\n" + "\n".join("  - " + a for a in advice))
+        if parts:
+            print("gmem: " + "\n".join(parts), file=sys.stderr)
+    except Exception as e:  # the report must not hide the out-of-memory error itself
+        print("gmem: no holder report (%s)" % e, file=sys.stderr)
 
 
 def _report_ranks():

@@ -25,6 +25,7 @@ is initialised, so enable() must come first.
 import collections
 import os
 import warnings
+import threading
 
 from . import _lib, _shim, _summary, distributed, memory
 from .errors import GmemError
@@ -318,6 +319,8 @@ def track_graphs():
         return tensor.detach()
 
     def unpack(tensor):
+        if getattr(_reading_saved, "on", False):
+            return tensor  # gmem.holders reading a graph's saved tensors: not a backward pass
         if not backward_seen[0]:
             backward_seen[0] = True
             _lib.check(observe._c().gmem_graph_backward())
@@ -327,6 +330,11 @@ def track_graphs():
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
     hooks.__enter__()
     return GraphTracking(hooks)
+
+
+# Set by gmem.holders while it reads saved tensors (node._saved_self) to find what a kept graph
+# holds: the unpack hook then leaves the blocks' flags alone. Per thread.
+_reading_saved = threading.local()
 
 
 # --- watch(): steps and module tracking in one line ---------------------------------------------

@@ -888,7 +888,7 @@ def _search(targets, timeout, max_objects):
             gc.enable()
 
 
-def safe_holders(target=None, device=None, timeout=DEFAULT_TIMEOUT,
+def _safe_holders(target=None, device=None, timeout=DEFAULT_TIMEOUT,
                  max_objects=DEFAULT_MAX_OBJECTS):
     """holders() for report paths (OOM, leaks, summaries): never raises; a failure becomes a
     note in the result."""
@@ -1101,7 +1101,7 @@ def _current_device():
     return 0
 
 
-def safe_processes(device=None, nvml=None):
+def _safe_processes(device=None, nvml=None):
     try:
         return processes(device, nvml)
     except Exception as e:
@@ -1110,7 +1110,7 @@ def safe_processes(device=None, nvml=None):
 
 # --- reports: leaks, OOM, summary -----------------------------------------------------------------
 
-def insert_sections(text, sections, advice):
+def _insert_sections(text, sections, advice):
     """`text` (a report with a "What to do:" list) with `sections` before that list and `advice`
     first in it; appended at the end when the report has no such list."""
     sections = [s for s in sections if s]
@@ -1132,7 +1132,7 @@ def insert_sections(text, sections, advice):
 _oom = {"key": None, "holders": None, "processes": None}  # the OOM this module last looked at
 
 
-def on_oom(device=-1, *_):
+def _on_oom(device=-1, *_):
     """torch's OOM observer (gmem.run attaches it): the holder search while the frames that ran
     out of memory are alive, kept for last_oom_report() and gmem.run's message. Never raises."""
     try:
@@ -1152,24 +1152,24 @@ def _oom_sections(report_text, device=-1):
         try:
             from . import observe
             if observe.is_tracking(dev) and "Leak suspects" in report_text:
-                found = safe_holders(None, dev)
+                found = _safe_holders(None, dev)
         except Exception as e:
             found = Holders([], notes=["the holder search failed: %s" % e])
-        _oom.update(key=report_text, holders=found, processes=safe_processes(dev))
+        _oom.update(key=report_text, holders=found, processes=_safe_processes(dev))
     return _oom["holders"], _oom["processes"]
 
 
-def oom_text(report_text, device=-1):
+def _oom_text(report_text, device=-1):
     found, procs = _oom_sections(report_text, device)
     sections = []
     if found is not None and (found.targets or found.notes):
         sections.append(str(found))
     if procs is not None:
         sections.append(str(procs))
-    return insert_sections(report_text, sections, found.advice if found is not None else [])
+    return _insert_sections(report_text, sections, found.advice if found is not None else [])
 
 
-def oom_json(report, device=-1, report_text=None):
+def _oom_json(report, device=-1, report_text=None):
     found, procs = _oom_sections(report_text or json.dumps(report, sort_keys=True), device)
     if found is not None:
         report["holders"] = found.as_dict()
