@@ -35,6 +35,7 @@ from .observe import (
     track_modules,
 )
 from .find_batch import find_executable_batch_size
+from ._holders import Holders, Nvml, Processes, holders, processes
 from .fit import Fit, Probe, fit_batch_size, is_out_of_memory
 from .levers import Row, WhatFits, what_fits
 from .errors import (

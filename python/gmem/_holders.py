@@ -617,7 +617,7 @@ class _Search:
                 elif isinstance(parent, dict):
                     leaf = "%s `%s`" % (type(parent).__name__, expr)
             elif kind == "index":
-                if not last:
+                if not last and not expr.endswith("[...]"):  # nested lists: one group
                     expr = "%s[...]" % expr
                 else:
                     leaf = "%s `%s`" % (type(parent).__name__, expr)
@@ -632,7 +632,7 @@ class _Search:
         # Innermost first: the holder, then the code and module it hangs from, then the root.
         texts = [leaf] + [p for p in reversed(phrases) if p != leaf]
         if len(texts) == 2 and texts[1].startswith(("global `", "local `")) and \
-                texts[1].split("`")[1] in leaf:
+                "`%s`" % texts[1].split("`")[1] in leaf:
             # "list `losses` (a global in train.py)", not the name twice
             texts = ["%s (%s)" % (leaf, texts[1].replace("`%s` " % texts[1].split("`")[1], "", 1))]
         kind = "global" if isinstance(root, dict) else "local" if isinstance(root, types.FrameType) \
@@ -744,7 +744,8 @@ class Holders:
             if t.get("why"):
                 lines.append("    " + t["why"])
             for g in t["groups"]:
-                what = "%d %s" % (g["objects"], g["noun"] + ("" if g["objects"] == 1 else "s"))
+                what = _count(g["objects"], g["noun"]) + (
+                    " (view%s)" % ("" if g["objects"] == 1 else "s") if g.get("view") else "")
                 lines.append("    %s, %s in %d block%s, kept by %s" % (
                     what, format_bytes(g["bytes"]), g["blocks"], "" if g["blocks"] == 1 else "s",
                     g["holder"]))
@@ -753,6 +754,10 @@ class Holders:
     def __repr__(self):
         return "<gmem.Holders: %d target(s), %d group(s), %d objects visited in %.0f ms>" % (
             len(self.targets), sum(len(t["groups"]) for t in self.targets), self.visited, self.ms)
+
+
+def _count(n, noun):
+    return "%d %s%s" % (n, noun, "" if n == 1 else "s")
 
 
 def _targets_from(target, device):
@@ -844,7 +849,7 @@ def _search(targets, timeout, max_objects):
                     text, _, name = search.describe(chain)
                     holder = "the autograd graph (`.grad_fn`, saved by %s) of a tensor held by %s" \
                         % (node, text)
-                    key, kind, noun = holder, "graph", "tensor"
+                    key, kind, noun, view = holder, "graph", "tensor", False
                 elif a in best:
                     score, chain, entry = best[a]
                     text, kind, name = search.describe(chain)
@@ -852,27 +857,27 @@ def _search(targets, timeout, max_objects):
                     noun = "tensor" if _kind_of_type(type(obj), {}) == "tensor" else \
                         type(obj).__name__
                     holder = text
-                    if own + 512 <= b["size"]:  # live blocks are rounded up to 512 B
-                        noun += " (a view)"
+                    view = own + 512 <= b["size"]  # live blocks are rounded up to 512 B
+                    if view:
                         holder = "%s; a view of %s keeps the whole block (%s) alive" % (
                             text, format_bytes(own), format_bytes(b["size"]))
                     key = holder
                 else:
-                    key, kind, name, noun = None, "none", None, "block"
+                    key, kind, name, noun, view = None, "none", None, "block", False
                     holder = ("no object found that exposes it (tensors, __cuda_array_interface__, "
                               "DLPack): held from C or C++ (an autograd graph, a CUDA graph, an "
                               "extension), or by objects awaiting the garbage collector")
-                g = groups.get((key, noun))
+                g = groups.get((key, noun, view))
                 if g is None:
-                    g = groups[(key, noun)] = {"holder": holder, "kind": kind, "name": name,
-                                               "noun": noun, "objects": 0, "blocks": 0, "bytes": 0}
+                    g = groups[(key, noun, view)] = {
+                        "holder": holder, "kind": kind, "name": name, "noun": noun, "view": view,
+                        "objects": 0, "blocks": 0, "bytes": 0}
                 g["objects"] += 1
                 g["blocks"] += 1
                 g["bytes"] += b["size"]
             ordered = sorted(groups.values(), key=lambda g: -g["bytes"])
             for g in ordered:
-                what = "%d %s%s (%s)" % (g["objects"], g["noun"].split(" ")[0],
-                                         "" if g["objects"] == 1 else "s", format_bytes(g["bytes"]))
+                what = "%s (%s)" % (_count(g["objects"], g["noun"]), format_bytes(g["bytes"]))
                 g["advice"] = _advice(g["kind"], g["name"], g["holder"], what)
             entry = {"target": label, "blocks": len(bs), "bytes": total, "groups": ordered}
             if not bs:
