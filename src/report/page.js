@@ -64,9 +64,12 @@
       ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + height); ctx.stroke();
       ctx.restore();
     }
-    // Hundreds of step lines would hide the curve: draw them only when they stay apart.
+    // Step lines closer than 6 px would hide the curve: draw them once zoomed in that far.
     var shown = data.steps.x.filter(function (x) { return x >= min && x <= max; });
-    if (shown.length * 4 < u.bbox.width / devicePixelRatio) shown.forEach(function (x) { line(x, '#8c959f', 1, [3, 3]); });
+    var apart = true;
+    for (var i = 1; i < shown.length && apart; i++)
+      apart = u.valToPos(shown[i], 'x') - u.valToPos(shown[i - 1], 'x') >= 6;
+    if (apart) shown.forEach(function (x) { line(x, '#8c959f', 1, [3, 3]); });
     line(data.largest.x, '#8250df', 2, [2, 2]);
     data.leaks.forEach(function (l) { line(l.first_seen, '#fb8500', 2, []); });
     data.ooms.forEach(function (x) { line(x, '#d1242f', 2, []); });

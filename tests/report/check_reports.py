@@ -1,0 +1,193 @@
+"""Opens `gmem report`'s page of each trace in headless Chromium and checks it (scripts/test's
+report step; docs/report.md):
+  - the page drew (body[data-rendered]) with no console message at all (an error, an uncaught
+    exception, a blocked fetch all log one) and no violation of its Content-Security-Policy;
+  - no network request: Chromium's NetLog (--log-net-log) holds no request the page started
+    (the browser's own background requests, which name no page origin, are not the page's);
+  - the numbers on the page equal `gmem summary --json`'s: peak allocated, peak reserved, the cause;
+  - with --large N: a synthetic trace of N events (make_large_trace.py) gives a page under 10 MB,
+    written in under 30 s, drawn in under 2 s.
+A screenshot of each page goes to --shots. One line a check: "ok: ..." or "FAILED: ...".
+
+    python3 tests/report/check_reports.py --gmem build/gmem --out DIR [--shots DIR] [--large N] TRACE...
+"""
+
+import argparse
+import concurrent.futures
+import html.parser
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_PAGE_BYTES = 10 << 20
+MAX_WRITE_S = 30.0
+MAX_RENDER_MS = 2000
+
+
+def chromium():
+    for name in (os.environ.get("GMEM_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+class Dom(html.parser.HTMLParser):
+    """The attributes and text of the elements with an id, and the body's attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_id, self.body, self._open = {}, {}, []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "body":
+            self.body = attrs
+        if "id" in attrs:
+            self.by_id[attrs["id"]] = {"attrs": attrs, "text": ""}
+            self._open.append((tag, attrs["id"]))
+        else:
+            self._open.append((tag, None))
+
+    def handle_endtag(self, tag):
+        while self._open:
+            t, _ = self._open.pop()
+            if t == tag:
+                break
+
+    def handle_data(self, data):
+        for _, element in self._open:
+            if element:
+                self.by_id[element]["text"] += data
+
+
+def open_in_chromium(browser, page, work, png=None):
+    """Loads `page` headless: (DOM after the scripts ran, console lines, page-started requests, s),
+    and takes a screenshot into `png` when given."""
+    netlog = os.path.join(work, "netlog.json")
+    args = [browser, "--headless", "--disable-gpu", "--no-first-run", "--user-data-dir=" + os.path.join(work, "profile"),
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0",
+            "--log-net-log=" + netlog, "--hide-scrollbars", "--window-size=1400,2000", "--dump-dom"]
+    if png:
+        args.append("--screenshot=" + os.path.abspath(png))
+    args.append("file://" + os.path.abspath(page))
+    if os.geteuid() == 0:
+        args.insert(1, "--no-sandbox")  # Chromium refuses to run as root otherwise
+    start = time.monotonic()
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - start
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    requests = []
+    with open(netlog) as f:
+        log = json.load(f)
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    for event in log["events"]:
+        params = event.get("params", {})
+        # The browser's own (updates, time) carry no initiator; anything the page asked for does.
+        if event["type"] == start_job and "url" in params and params.get("initiator") != "not an origin":
+            requests.append(params.get("url", "?"))
+    return run.stdout, console, requests, seconds
+
+
+def check(gmem, browser, trace, out, shots, limits=None):
+    """The checks of one trace; returns (name, [problems], note)."""
+    name = os.path.basename(trace)
+    base = name.replace(".gz", "").replace(".", "_")
+    page = os.path.join(out, base + ".html")
+    start = time.monotonic()
+    made = subprocess.run([gmem, "report", trace, "-o", page], capture_output=True, text=True, timeout=600)
+    write_s = time.monotonic() - start
+    summary = subprocess.run([gmem, "summary", "--json", trace], capture_output=True, text=True, timeout=600)
+    if summary.returncode != 0:
+        # A trace with nothing to summarize: the report must refuse it too, with the same reason.
+        if made.returncode == 0 or "nothing to report" not in made.stderr:
+            return name, ["summary refused it (%s) but report said: %s" % (summary.stderr.strip()[:200],
+                                                                         made.stderr.strip()[:300])], ""
+        return name, [], "refused, as summary does: " + made.stderr.splitlines()[0][:100]
+    if made.returncode != 0:
+        return name, ["gmem report failed: " + made.stderr.strip()[:500]], ""
+    expected = json.loads(summary.stdout)
+    problems = []
+    with tempfile.TemporaryDirectory() as work:
+        png = os.path.join(shots, base + ".png") if shots else None
+        dom_text, console, requests, load_s = open_in_chromium(browser, page, work, png)
+        dom = Dom()
+        dom.feed(dom_text)
+        if dom.body.get("data-rendered") != "1":
+            problems.append("the page did not finish drawing (no body[data-rendered])")
+        if console:
+            problems.append("console: " + " | ".join(console)[:600])
+        if dom.body.get("data-csp-violations"):
+            problems.append("%s fetches blocked by the page's policy" % dom.body["data-csp-violations"])
+        if requests:
+            problems.append("network requests: " + ", ".join(requests)[:300])
+        stats = expected["stats"]
+        for element, key in (("peak-allocated", "allocated_bytes.all.peak"), ("peak-reserved", "reserved_bytes.all.peak")):
+            shown = dom.by_id.get(element, {}).get("attrs", {}).get("data-bytes")
+            if shown != str(stats[key]):
+                problems.append("%s: the page shows %s, gmem summary --json %s" % (element, shown, stats[key]))
+        cause = dom.by_id.get("cause", {}).get("text", "").strip()
+        if cause != expected["cause"]:
+            problems.append("cause: the page says %r, gmem summary --json %r" % (cause, expected["cause"]))
+        if png and not os.path.isfile(png):
+            problems.append("no screenshot written")
+    render_ms = int(dom.body.get("data-render-ms", "-1"))
+    note = "%.2f s to write, %d KiB, drawn in %d ms (%.1f s with Chromium's start)" % (
+        write_s, os.path.getsize(page) >> 10, render_ms, load_s)
+    if limits:
+        if os.path.getsize(page) > MAX_PAGE_BYTES:
+            problems.append("page of %d bytes, over %d" % (os.path.getsize(page), MAX_PAGE_BYTES))
+        if write_s > MAX_WRITE_S:
+            problems.append("written in %.1f s, over %.0f s" % (write_s, MAX_WRITE_S))
+        if not 0 <= render_ms <= MAX_RENDER_MS:
+            problems.append("drawn in %d ms, over %d ms" % (render_ms, MAX_RENDER_MS))
+    return name, problems, note
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--gmem", required=True)
+    p.add_argument("--out", required=True, help="where the pages go")
+    p.add_argument("--shots", help="where screenshots go")
+    p.add_argument("--large", type=int, default=0, help="events in a synthetic trace to check for scale")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("traces", nargs="*")
+    a = p.parse_args(argv)
+    browser = chromium()
+    if browser is None:
+        print("skipped: no headless Chromium (chromium, chromium-browser or google-chrome on PATH, or "
+              "$GMEM_CHROMIUM); Debian: apt-get install chromium (.ci/run installs it)")
+        return 0
+    os.makedirs(a.out, exist_ok=True)
+    if a.shots:
+        os.makedirs(a.shots, exist_ok=True)
+    failed = 0
+    jobs = [(t, False) for t in a.traces]
+    if a.large:
+        large = os.path.join(a.out, "large.trace.csv.gz")
+        subprocess.run([sys.executable, os.path.join(HERE, "make_large_trace.py"), large, str(a.large)],
+                       check=True, stdout=subprocess.DEVNULL)
+        jobs.append((large, True))
+    with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        futures = [pool.submit(check, a.gmem, browser, t, a.out, a.shots, large) for t, large in jobs]
+        for f in futures:
+            try:
+                name, problems, note = f.result()
+            except Exception as e:  # a timeout, a crash: one failed check, the others go on
+                name, problems, note = "?", ["%s: %s" % (type(e).__name__, e)], ""
+            if problems:
+                failed += 1
+                print("FAILED: %s: %s" % (name, "; ".join(problems)))
+            else:
+                print("ok: %s: %s" % (name, note))
+            sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

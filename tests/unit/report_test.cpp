@@ -1,0 +1,106 @@
+// gmem report's pieces: the envelope keeps every column's low and high (checked against the
+// full series), and the report's headline is `gmem summary`'s.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "gmem/summary.hpp"
+#include "gmem/trace.hpp"
+#include "report/envelope.hpp"
+#include "report/html_page.hpp"
+#include "report/report_data.hpp"
+
+namespace gmem::report {
+namespace {
+
+TEST(ReportEnvelope, KeepsEachColumnsLowAndHighInOrder) {
+  const Columns columns(0, 100, 10);  // columns of 10
+  Envelope e(columns);
+  e.set(1, 5);
+  e.set(2, 50);
+  e.set(3, 1);   // column 0 started at 0, before the first set(): its low came first
+  e.set(25, 7);  // column 2; column 1 carries 1
+  e.set(31, 100);
+  e.set(32, 2);  // column 3: the high, then the low
+  e.set(33, 7);
+  const std::vector<double> p = e.points();
+  ASSERT_EQ(p.size(), 20u);
+  EXPECT_EQ(p[0], 0);
+  EXPECT_EQ(p[1], 50);
+  EXPECT_EQ(p[2], 1);  // column 1: nothing happened, the value carried in
+  EXPECT_EQ(p[3], 1);
+  EXPECT_EQ(p[4], 1);  // column 2 starts at 1 and rises to 7
+  EXPECT_EQ(p[5], 7);
+  EXPECT_EQ(p[6], 100);
+  EXPECT_EQ(p[7], 2);
+  EXPECT_EQ(p[18], 7);  // after the last event: the last value
+  EXPECT_EQ(p[19], 7);
+}
+
+// Random step series: each column's two points are exactly the lowest and highest value the
+// series took in it (including the value carried in from the column before).
+TEST(ReportEnvelope, MatchesTheFullSeries) {
+  std::mt19937 rng(53);
+  for (int round = 0; round < 50; ++round) {
+    const std::size_t n = 1 + rng() % 5000, cols = 1 + rng() % 300;
+    std::vector<std::pair<double, double>> series;
+    double x = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      x += (rng() % 4 == 0) ? static_cast<double>(rng() % 1000) : 0.0;  // bursts at one time
+      series.emplace_back(x, static_cast<double>(rng() % 100000));
+    }
+    const Columns columns(0, series.back().first, cols);
+    Envelope e(columns);
+    for (const auto& [px, v] : series) e.set(px, v);
+    const std::vector<double> p = e.points();
+    std::vector<double> low(cols, 1e300), high(cols, -1e300);
+    double carried = 0;
+    std::size_t i = 0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      low[c] = high[c] = carried;
+      while (i < n && columns.of(series[i].first) == c) {
+        carried = series[i++].second;
+        low[c] = std::min(low[c], carried);
+        high[c] = std::max(high[c], carried);
+      }
+    }
+    for (std::size_t c = 0; c < cols; ++c) {
+      EXPECT_EQ(std::min(p[2 * c], p[2 * c + 1]), low[c]) << "round " << round << " column " << c;
+      EXPECT_EQ(std::max(p[2 * c], p[2 * c + 1]), high[c]) << "round " << round << " column " << c;
+    }
+  }
+}
+
+TEST(ReportData, HeadlineIsTheSummarys) {
+  const trace::Trace t = trace::read_trace(GMEM_TEST_DATA "/leak_losses.trace.csv.gz");
+  const TraceSummary s = summarize_trace(t);
+  const ReportData r = build_report(t);
+  EXPECT_EQ(r.headline.peak_allocated, static_cast<std::uint64_t>(s.stats.allocated_bytes[kAllPools].peak));
+  EXPECT_EQ(r.headline.peak_reserved, static_cast<std::uint64_t>(s.stats.reserved_bytes[kAllPools].peak));
+  EXPECT_EQ(r.headline.cause, s.options().cause);
+  EXPECT_EQ(r.headline.cause_name, "leak");
+  EXPECT_NE(r.headline.advice.find("capture.py:66:run"), std::string::npos) << r.headline.advice;
+  EXPECT_TRUE(r.headline.has_recorded);
+  EXPECT_GE(r.headline.recorded_peak_reserved, r.headline.peak_allocated);
+  EXPECT_NE(r.json.find("\"leaks\":[{\"site\":\"capture.py:66:run\""), std::string::npos);
+}
+
+TEST(ReportPage, InlinesEverythingAndEscapesTheData) {
+  if (!have_chart_library()) GTEST_SKIP() << missing_chart_library_message();
+  ReportData r;
+  r.trace_name = "a<b>";
+  r.headline.cause = "cause: none: </script><script>alert(1)</script>";
+  r.json = "{\"x\":\"</script><!--\"}";
+  const std::string page = html_page(r);
+  EXPECT_EQ(page.find("</script><script>alert"), std::string::npos);  // escaped in the headline
+  EXPECT_NE(page.find("gmem report: a&lt;b&gt;"), std::string::npos);
+  EXPECT_NE(page.find("\\u003c/script>\\u003c!--"), std::string::npos);  // the data cannot end its element
+  EXPECT_NE(page.find("default-src 'none'"), std::string::npos);
+  EXPECT_EQ(page.find(" src="), std::string::npos);  // nothing loaded from elsewhere
+  EXPECT_EQ(page.find("<link"), std::string::npos);
+  EXPECT_NE(page.find("Permission is hereby granted"), std::string::npos);  // uPlot's MIT license
+}
+
+}  // namespace
+}  // namespace gmem::report
