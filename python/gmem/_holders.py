@@ -643,9 +643,9 @@ class _Search:
             kind = "hook"
         if any(p.startswith("state of optimizer") for p in phrases):
             kind = "optimizer"
-        if leaf and leaf.startswith("attribute `"):
-            kind = "attribute" if kind in ("global", "local") else kind
         name = leaf.split("`")[1] if leaf and "`" in leaf else None
+        if kind in ("global", "local") and name and "." in name:
+            kind = "attribute"  # reached through an attribute (model.2.cache, trainer.cache)
         return " ← ".join(texts), kind, name
 
 
@@ -744,6 +744,10 @@ class Holders:
             if t.get("why"):
                 lines.append("    " + t["why"])
             for g in t["groups"]:
+                if g["kind"] == "none":
+                    lines.append("    %s, %s: %s" % (_count(g["blocks"], "block"),
+                                                     format_bytes(g["bytes"]), g["holder"]))
+                    continue
                 what = _count(g["objects"], g["noun"]) + (
                     " (view%s)" % ("" if g["objects"] == 1 else "s") if g.get("view") else "")
                 lines.append("    %s, %s in %d block%s, kept by %s" % (
@@ -864,9 +868,11 @@ def _search(targets, timeout, max_objects):
                     key = holder
                 else:
                     key, kind, name, noun, view = None, "none", None, "block", False
-                    holder = ("no object found that exposes it (tensors, __cuda_array_interface__, "
-                              "DLPack): held from C or C++ (an autograd graph, a CUDA graph, an "
-                              "extension), or by objects awaiting the garbage collector")
+                    holder = ("no Python object found that exposes them (tensors, "
+                              "__cuda_array_interface__, DLPack): held from C or C++ (an autograd "
+                              "graph no held tensor leads to, a CUDA graph, an extension), by "
+                              "objects awaiting the garbage collector, or freed in Python but not "
+                              "in gmem")
                 g = groups.get((key, noun, view))
                 if g is None:
                     g = groups[(key, noun, view)] = {

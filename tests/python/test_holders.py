@@ -130,6 +130,64 @@ assert "6 Arrays (views), 48.00 MiB in 6 blocks, kept by list `views`" in str(fo
 print("ok")
 """
 
+# nn.Module's layout (torch is not installed here): _modules and _forward_hooks as OrderedDicts in
+# the instance's __dict__; the GPU tests run the same with torch (test_torch_gpu.py).
+MODULE_HOOK_CHILD = PRELUDE + r"""
+import collections
+
+class Module:
+    def __init__(self, *children):
+        self._parameters, self._buffers = collections.OrderedDict(), collections.OrderedDict()
+        self._forward_hooks = collections.OrderedDict()
+        self._modules = collections.OrderedDict((str(i), c) for i, c in enumerate(children))
+    def register_forward_hook(self, fn):
+        self._forward_hooks[len(self._forward_hooks)] = fn
+    def __call__(self, x):
+        for child in self._modules.values():
+            x = child(x)
+        out = Array(gmem.malloc(1 << 20), 1 << 20)
+        for hook in self._forward_hooks.values():
+            hook(self, x, out)
+        return out
+
+class Optimizer:
+    def __init__(self):
+        self.param_groups, self.state = [], collections.defaultdict(dict)
+
+def train():
+    model = Module(Module(), Module(), Module())
+    feats = []
+    model._modules["1"].register_forward_hook(lambda m, i, o: feats.append(o))
+    model._modules["2"].cache = []
+    optimizer = Optimizer()
+    for step in range(6):
+        at("train.py:173:train")
+        model(None)
+        at("train.py:180:train")
+        model._modules["2"].cache.append(Array(gmem.malloc(3 << 20), 3 << 20))
+        at("train.py:190:train")
+        optimizer.state[step]["exp_avg"] = Array(gmem.malloc(5 << 20), 5 << 20)
+        gmem.step()
+    return gmem.leaks()
+
+found = train()
+hook = [g for g in holder_of(found, "train.py:173:train") if g["kind"] == "hook"]
+assert len(hook) == 1 and hook[0]["blocks"] == 6, str(found)
+assert hook[0]["holder"].startswith("list `feats` ← closure of `<lambda>` (<string>:"), hook
+assert hook[0]["holder"].endswith(") ← forward hook on model.1 ← local `model` of train() (<string>:61)"), hook
+# The other modules' outputs were dropped in Python but never freed in gmem: nothing holds them.
+lost = [g for g in holder_of(found, "train.py:173:train") if g["kind"] == "none"]
+assert lost and lost[0]["blocks"] == 18 and "no Python object found" in lost[0]["holder"], lost
+cache = holder_of(found, "train.py:180:train")
+assert cache[0]["holder"] == "list `model.2.cache` ← local `model` of train() (<string>:61)", cache
+assert cache[0]["kind"] == "attribute", cache
+state = holder_of(found, "train.py:190:train")
+assert state[0]["holder"].startswith("dict `optimizer.state[<param>]` ← state of optimizer "
+                                     "`optimizer` (Optimizer)"), state
+assert state[0]["kind"] == "optimizer", state
+print("ok")
+"""
+
 # On request: an address, a site, a local of a live frame, from another thread, and the bounds.
 REQUEST_CHILD = PRELUDE + r"""
 def train():
@@ -229,6 +287,9 @@ class LeakHoldersTest(unittest.TestCase):
 
     def test_a_view_keeps_its_larger_block(self):
         assert_child_ok(self, VIEW_CHILD)
+
+    def test_a_hook_a_module_attribute_and_optimizer_state(self):
+        assert_child_ok(self, MODULE_HOOK_CHILD)
 
     def test_on_request_bounded_and_from_a_thread(self):
         assert_child_ok(self, REQUEST_CHILD)

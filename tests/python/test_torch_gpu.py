@@ -244,6 +244,73 @@ class DiagnosticsOnGpuTest(unittest.TestCase):
                         "... and holds no graph")
 
 
+class HoldersOnGpuTest(unittest.TestCase):
+    """Who holds it (gmem.holders, docs/holders.md) on the GPU: each classic way to keep memory
+    alive, run to a leak finding, must be named by its holder, first in the advice; and a
+    DataLoader worker that initialised CUDA (fork) is named as this job's child by NVML."""
+
+    def show(self, r):
+        print("\n" + r["section"] + "\n  first advice: %s\n  cost: %d objects visited, %.0f ms"
+              % (r["first_advice"], r["visited"], r["ms"]))
+
+    def holder_groups(self, r, kind):
+        return [g for f in r["findings"] for g in f["holders"] if g["kind"] == kind]
+
+    def test_a_forward_hook_that_keeps_activations(self):
+        r = run_worker("holders_hook", "gmem")
+        self.show(r)
+        groups = self.holder_groups(r, "hook")
+        self.assertTrue(groups, r["section"])
+        holder = groups[0]["holder"]
+        self.assertTrue(holder.startswith("list `feats` ← closure of `<lambda>` (test_torch_gpu.py:%d)"
+                                          % r["hook_line"]), holder)
+        self.assertIn("← forward hook on model.1", holder)
+        self.assertGreaterEqual(groups[0]["blocks"], 6)   # one ReLU output a step
+        self.assertTrue(r["first_advice"].startswith("`feats` keeps every output its hook sees"),
+                        r["first_advice"])
+
+    def test_losses_kept_with_their_graph(self):
+        r = run_worker("holders_losses", "gmem")
+        self.show(r)
+        graph = self.holder_groups(r, "graph")
+        self.assertTrue(graph, r["section"])
+        self.assertTrue(graph[0]["holder"].startswith("the autograd graph (`.grad_fn`, saved by "),
+                        graph[0]["holder"])
+        self.assertIn("of a tensor held by list `losses`", graph[0]["holder"])
+        self.assertGreaterEqual(sum(g["blocks"] for g in graph), 6)
+        self.assertTrue(r["first_advice"].startswith("`losses` keeps each tensor's autograd graph"),
+                        r["first_advice"])
+        self.assertGreater(r["saved_before"], 0)
+        self.assertEqual(r["saved_before"], r["saved_after"],
+                         "reading a graph's saved tensors is not a backward pass")
+
+    def test_a_cache_attribute_on_a_module(self):
+        r = run_worker("holders_cache", "gmem")
+        self.show(r)
+        groups = self.holder_groups(r, "attribute")
+        self.assertTrue(groups, r["section"])
+        self.assertTrue(groups[0]["holder"].startswith("list `model.2.cache` ← local `model` of "
+                                                       "worker_holders_cache()"), groups[0]["holder"])
+        self.assertTrue(r["first_advice"].startswith("`model.2.cache` keeps"), r["first_advice"])
+
+    def test_a_dataloader_worker_that_initialised_cuda(self):
+        # PyTorch's own allocator in the job: the check is NVML's view of the processes, and the
+        # worker must be able to start CUDA after the fork.
+        r = run_worker("holders_dataloader", "native")
+        print("\n" + r["processes"])
+        self.assertTrue(r["available"], r["processes"])
+        if r["me"] not in r["pids"]:
+            self.skipTest("NVML names processes by pids of another pid namespace (a container "
+                          "without the host's pids): " + r["processes"])
+        rows = {row["pid"]: row for row in r["rows"]}
+        self.assertEqual(rows[r["me"]]["relation"], "this process")
+        self.assertIn(r["worker_pid"], rows, r["processes"])
+        self.assertEqual(rows[r["worker_pid"]]["relation"],
+                         "child of this process (forked: a DataLoader worker?)")
+        self.assertGreaterEqual(rows[r["worker_pid"]]["bytes"], 64 * MiB)
+        self.assertIn("child of this process", r["summary_tail"])
+
+
 # --- the worker -------------------------------------------------------------------------------
 
 
@@ -947,6 +1014,121 @@ def worker_ipc(torch, result):
         result.update(outcome="refused", error="%s: %s" % (type(e).__name__, e))
 
 
+def holders_result(found, result):
+    """What the holder tests judge: the findings' holders, the report's section and advice."""
+    text = str(found)
+    result["section"] = "Who holds it" + text.split("Who holds it", 1)[-1].split("What to do:")[0]
+    result["first_advice"] = text.split("What to do:\n  - ", 1)[-1].splitlines()[0]
+    result["findings"] = [{"site": f["site"], "holders": f.get("holders", [])} for f in found]
+    result["visited"] = found.holders.visited if found.holders else 0
+    result["ms"] = found.holders.ms if found.holders else 0.0
+
+
+def small_model(torch):
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 256)).cuda()
+
+
+def worker_holders_hook(torch, result):
+    # The issue's case: a forward hook appends each activation to a list.
+    import gmem
+
+    gmem.enable_tracking()
+    model = small_model(torch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watching = gmem.torch.watch(optimizer)
+    feats = []
+    model[1].register_forward_hook(lambda m, i, o: feats.append(o))
+    result["hook_line"] = sys._getframe().f_lineno - 1
+    x = torch.randn(512, 256, device="cuda")
+    for _ in range(8):
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    holders_result(gmem.leaks(), result)
+    watching.remove()
+
+
+def worker_holders_losses(torch, result):
+    # Validation losses kept with their graph (never run backward): the activations they saved.
+    import gmem
+
+    gmem.enable_tracking()
+    model = small_model(torch)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watching = gmem.torch.watch(optimizer)
+    x = torch.randn(512, 256, device="cuda")
+    val = torch.randn(512, 256, device="cuda")
+    losses = []
+    for _ in range(8):
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(model(val).square().mean())
+
+    def saved_blocks():  # blocks flagged as saved for a backward pass that has not used them
+        return sum(1 for seg in gmem.snapshot()["segments"] for b in seg["blocks"]
+                   if b.get("saved_for_backward"))
+
+    result["saved_before"] = saved_blocks()
+    holders_result(gmem.leaks(), result)
+    result["saved_after"] = saved_blocks()
+    watching.remove()
+
+
+def worker_holders_cache(torch, result):
+    # A cache attribute on a module, growing a step at a time.
+    import gmem
+
+    gmem.enable_tracking()
+    model = small_model(torch)
+    model[2].cache = []
+    x = torch.randn(512, 256, device="cuda")
+    for _ in range(8):
+        with torch.no_grad():
+            model[2].cache.append(model(x))
+        gmem.step()
+    holders_result(gmem.leaks(), result)
+
+
+class HoldingDataset:
+    # A dataset whose worker puts memory on the GPU (the guides' ghost memory of DataLoader
+    # workers): each item allocates 64 MiB there, kept in the worker.
+    held = []
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import torch
+        HoldingDataset.held.append(torch.empty(64 * MiB, dtype=torch.uint8, device="cuda"))
+        return torch.zeros(4)
+
+
+def worker_holders_dataloader(torch, result):
+    import os
+    import time
+
+    import gmem
+
+    loader = torch.utils.data.DataLoader(HoldingDataset(), batch_size=1, num_workers=1,
+                                         multiprocessing_context="fork", persistent_workers=True)
+    it = iter(loader)
+    next(it)                                   # the worker forked and touched CUDA
+    worker_pid = it._workers[0].pid
+    held = torch.ones(16 * MiB, dtype=torch.uint8, device="cuda")   # this process too
+    torch.cuda.synchronize()
+    time.sleep(1.0)
+    found = gmem.processes()
+    result.update(available=found.available, processes=str(found), rows=found.rows,
+                  pids=[r["pid"] for r in found.rows], me=os.getpid(), worker_pid=worker_pid)
+    result["summary_tail"] = gmem.memory_summary().split("Processes on device", 1)[-1]
+    del held
+    del it
+
+
 def worker(mode, allocator):
     import warnings
 
@@ -971,7 +1153,9 @@ def worker(mode, allocator):
                "sites": worker_sites, "graphs_compile": worker_graphs_compile,
                "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream,
                "pool_peaks": worker_pool_peaks, "graph_dropped": worker_graph_dropped,
-               "fit": worker_fit}
+               "fit": worker_fit, "holders_hook": worker_holders_hook,
+               "holders_losses": worker_holders_losses, "holders_cache": worker_holders_cache,
+               "holders_dataloader": worker_holders_dataloader}
     workers[mode](torch, result)
     if probe is not None:
         result["observer_calls"] = probe.oom_calls()
