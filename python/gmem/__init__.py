@@ -34,6 +34,7 @@ from .observe import (
     top_sites,
     track_modules,
 )
+from .report import report
 from .find_batch import find_executable_batch_size
 from ._holders import Holders, Nvml, Processes, holders, processes
 from .fit import Fit, Probe, fit_batch_size, is_out_of_memory
@@ -73,7 +74,7 @@ __all__ = [
     "InvalidPointerError", "OutOfMemoryError",
     "annotate", "disable_tracking", "dump_snapshot", "enable_tracking", "is_tracking",
     "last_oom_report", "Leaks", "leaks", "ModuleTracking", "python_stack", "scope", "set_frames",
-    "snapshot", "step", "top_sites", "track_modules",
+    "snapshot", "step", "top_sites", "track_modules", "report",
     "Holders", "Nvml", "Processes", "holders", "processes",
     "Fit", "FitError", "Probe", "Row", "WhatFits", "find_executable_batch_size", "fit_batch_size",
     "is_out_of_memory", "what_fits",

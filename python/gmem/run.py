@@ -2,6 +2,7 @@
 
     python -m gmem.run train.py --epochs 3
     python -m gmem.run -m mypackage.train --epochs 3
+    python -m gmem.run --report report.html train.py   # and where its memory went, as a page
 
 gmem is enabled before the program starts, so it owns every CUDA allocation. GMEM=0 in the
 environment runs the program with PyTorch's own allocator instead (for comparisons).
@@ -12,7 +13,7 @@ import os
 import runpy
 import sys
 
-USAGE = "usage: python -m gmem.run (SCRIPT | -m MODULE) [ARGS...]"
+USAGE = "usage: python -m gmem.run [--report FILE.html] (SCRIPT | -m MODULE) [ARGS...]"
 
 HELP = USAGE + """
 
@@ -22,6 +23,9 @@ own arguments and sys.argv, as under `python SCRIPT ARGS...` or `python -m MODUL
 
   SCRIPT ARGS...     a Python file and its arguments
   -m MODULE ARGS...  a module, as python -m runs it (e.g. -m torch.distributed.run ...)
+  --report FILE      write gmem report's HTML page of the run to FILE (docs/report.md): at
+                     exit, and at an out-of-memory error before it propagates. Turns on
+                     gmem's tracking (with GMEM=0: PyTorch's _record_memory_history)
   -h, --help         this text
 
 When the program runs out of memory in a torch.distributed job, gmem says which rank died and
@@ -51,6 +55,10 @@ Environment (all optional):
                            $XDG_CACHE_HOME/gmem, else ~/.cache/gmem)
   GMEM_INCLUDE_DIR=DIR     where gmem/gmem.h is, for a compile at first use outside the package
   CUDA_HOME, CXX           CUDA's headers and the C++ compiler, for a compile at first use
+  GMEM_CLI=PATH            the gmem command-line tool that --report and gmem.report() run
+                           (default: the one in the package, then the repository's build/gmem)
+  GMEM_CHROMIUM=PATH       the headless Chromium that `gmem report --png` runs (default:
+                           chromium, chromium-browser or google-chrome on PATH)
 """
 
 TORCH_MISSING = ("gmem.run: PyTorch cannot be imported in this Python (%s: %s): install it "
@@ -62,6 +70,15 @@ def main(argv=None):
     if argv and argv[0] in ("-h", "--help"):
         sys.stdout.write(HELP)
         return 0
+    report_path = None
+    if argv and (argv[0] == "--report" or argv[0].startswith("--report=")):
+        if argv[0] == "--report":
+            if len(argv) < 2:
+                print("gmem.run: --report needs a file: --report report.html", file=sys.stderr)
+                return 2
+            report_path, argv = argv[1], argv[2:]
+        else:
+            report_path, argv = argv[0][len("--report="):], argv[1:]
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         print(USAGE + "   (python -m gmem.run --help: the options and environment)",
               file=sys.stderr)
@@ -86,6 +103,8 @@ def main(argv=None):
             print("gmem.run: %s" % e, file=sys.stderr)
             return 2
         _attach_oom_observer()
+    if report_path is not None:
+        _start_recording()
 
     try:
         if argv[0] == "-m":
@@ -100,8 +119,56 @@ def main(argv=None):
         if _is_out_of_memory(e):
             _report_holders(e)
             _report_ranks()
+        if report_path is not None:  # at an OOM (or any exit by exception), before it propagates
+            _write_report(report_path)
         raise
+    if report_path is not None:
+        _write_report(report_path)
     return 0
+
+
+def _gmem_on():
+    return os.environ.get("GMEM", "1") != "0"
+
+
+def _start_recording():
+    """The history the report draws: gmem's tracking, or PyTorch's under GMEM=0."""
+    try:
+        if _gmem_on():
+            import gmem
+            if not gmem.is_tracking():
+                gmem.enable_tracking()
+        else:
+            import torch
+            torch.cuda.memory._record_memory_history(max_entries=1000000)
+    except Exception as e:
+        print("gmem.run: --report: cannot record the history (%s)" % e, file=sys.stderr)
+
+
+def _write_report(path):
+    """Writes the page through the CLI (gmem.report); says why on stderr instead of raising, so
+    that the program's own error or exit status stays what it was."""
+    try:
+        import importlib
+        gmem_report = importlib.import_module("gmem.report")  # the module: gmem.report is its function
+        if _gmem_on():
+            gmem_report.report(path)
+        else:  # PyTorch's snapshot, read by the same writer
+            import subprocess
+            import tempfile
+            import torch
+            with tempfile.TemporaryDirectory(prefix="gmem-report-") as work:
+                snapshot = os.path.join(work, "snapshot.pickle")
+                torch.cuda.memory._dump_snapshot(snapshot)
+                binary = gmem_report.cli_binary()
+                if binary is None:
+                    raise RuntimeError("no gmem command-line tool in this installation")
+                done = subprocess.run([binary, "report", snapshot, "-o", path], capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(done.stderr.strip())
+        print("gmem.run: wrote the report %s" % path, file=sys.stderr)
+    except Exception as e:
+        print("gmem.run: no report written (%s)" % e, file=sys.stderr)
 
 
 def _is_out_of_memory(error):

@@ -41,7 +41,7 @@
     return tr;
   }
 
-  if (location.hash === '#timeline') document.body.classList.add('timeline-only');
+  if (location.hash === '#only-timeline') document.body.classList.add('timeline-only');
 
   var meta = data.events + ' events; ' + data.steps.x.length + ' step boundaries (' + data.steps.source + ')';
   if (data.ooms.length) meta += '; ' + data.ooms.length + ' out-of-memory event' + (data.ooms.length > 1 ? 's' : '');

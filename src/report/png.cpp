@@ -57,10 +57,10 @@ bool write_timeline_png(const std::string& html, const std::string& png) {
                                    "--no-first-run",
                                    "--user-data-dir=" + profile.string(),
                                    "--host-resolver-rules=MAP * ~NOTFOUND",
-                                   "--window-size=1400,560",
+                                   "--window-size=1400,680",
                                    "--virtual-time-budget=10000",
                                    "--screenshot=" + out.string(),
-                                   "file://" + page.string() + "#timeline"};
+                                   "file://" + page.string() + "#only-timeline"};
   if (::geteuid() == 0) args.insert(args.begin() + 1, "--no-sandbox");  // Chromium refuses root otherwise
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());

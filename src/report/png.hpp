@@ -1,5 +1,5 @@
 // A report's timeline as a PNG, for CI logs and issues: headless Chromium opens the page in its
-// timeline-only view (#timeline) and takes a screenshot.
+// timeline-only view (#only-timeline) and takes a screenshot.
 #pragma once
 
 #include <string>

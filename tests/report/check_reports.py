@@ -149,6 +149,34 @@ def check(gmem, browser, trace, out, shots, limits=None):
     return name, problems, note
 
 
+def check_png(gmem, traces, out):
+    """--png writes a PNG through Chromium; with no Chromium it says so and how to get one."""
+    traces = [t for t in traces if "leak" in os.path.basename(t)] or traces
+    if not traces:
+        return 0
+    failed = 0
+    page, png = os.path.join(out, "png_check.html"), os.path.join(out, "png_check.png")
+    made = subprocess.run([gmem, "report", traces[0], "-o", page, "--png", png], capture_output=True, text=True,
+                          timeout=300)
+    with open(png, "rb") if os.path.isfile(png) else open(os.devnull, "rb") as f:
+        magic = f.read(8)
+    if made.returncode != 0 or magic != b"\x89PNG\r\n\x1a\n":
+        print("FAILED: --png: status %d, %r: %s" % (made.returncode, magic, made.stderr.strip()[:300]))
+        failed += 1
+    else:
+        print("ok: --png wrote a PNG of %d KiB" % (os.path.getsize(png) >> 10))
+    env = {k: v for k, v in os.environ.items() if k != "GMEM_CHROMIUM"}
+    env["PATH"] = os.path.join(out, "no-such-dir")
+    made = subprocess.run([os.path.abspath(gmem), "report", traces[0], "-o", page, "--png", png], capture_output=True,
+                          text=True, timeout=300, env=env)
+    if made.returncode == 0 or "apt-get install chromium" not in made.stderr or not os.path.isfile(page):
+        print("FAILED: --png without Chromium: status %d: %s" % (made.returncode, made.stderr.strip()[:300]))
+        failed += 1
+    else:
+        print("ok: --png without Chromium says how to get it, and the HTML is written")
+    return failed
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--gmem", required=True)
@@ -173,6 +201,7 @@ def main(argv):
         subprocess.run([sys.executable, os.path.join(HERE, "make_large_trace.py"), large, str(a.large)],
                        check=True, stdout=subprocess.DEVNULL)
         jobs.append((large, True))
+    failed += check_png(a.gmem, a.traces, a.out)
     with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
         futures = [pool.submit(check, a.gmem, browser, t, a.out, a.shots, large) for t, large in jobs]
         for f in futures:
