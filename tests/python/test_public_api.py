@@ -21,6 +21,7 @@ DOCUMENTED = (
     ("gmem.memory", "gmem."),
     ("gmem.observe", "gmem."),
     ("gmem._summary", "gmem."),
+    ("gmem._holders", "gmem."),
     ("gmem.fit", "gmem."),
     ("gmem._fit_run", "gmem."),
     ("gmem.levers", "gmem."),
