@@ -777,25 +777,28 @@ def _targets_from(target, device):
             return [], ("no leak findings (%d steps seen): nothing to search for; pass an address "
                         "or a site to ask about other memory" % findings.steps)
         target = list(findings)
-    items = target if isinstance(target, (list, tuple)) else [target]
-    live = None
-    out = []
+    items = [i["site"] if isinstance(i, dict) and "site" in i else i
+             for i in (target if isinstance(target, (list, tuple)) else [target])]
     for item in items:
-        if isinstance(item, dict) and "site" in item:
-            item = item["site"]
-        if isinstance(item, str):
-            blocks = _live_blocks(device_index(device), item)["blocks"]
-            step = None
-            out.append((item, blocks, step))
-        elif isinstance(item, int) and not isinstance(item, bool):
-            if live is None:
-                live = sorted(_live_blocks(device_index(device))["blocks"],
-                              key=lambda b: b["address"])
-            hit = [b for b in live if b["address"] <= item < b["address"] + b["size"]]
-            out.append(("block at 0x%x" % item, hit, None))
-        else:
+        if not isinstance(item, str) and (not isinstance(item, int) or isinstance(item, bool)):
             raise TypeError("gmem.holders: a target is an address (int), a site (str) or a leak "
                             "finding (dict), not %r" % (item,))
+    # One copy of the live blocks for every target: each copy costs libgmem a copy of the
+    # tracker's state (about 60 ms with a full history).
+    if len(items) == 1 and isinstance(items[0], str):
+        live = _live_blocks(device_index(device), items[0])["blocks"]
+    else:
+        live = _live_blocks(device_index(device))["blocks"]
+    by_site = {}
+    for b in live:
+        by_site.setdefault(b.get("site"), []).append(b)
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append((item, by_site.get(item, []), None))
+        else:
+            hit = [b for b in live if b["address"] <= item < b["address"] + b["size"]]
+            out.append(("block at 0x%x" % item, hit, None))
     return out, None
 
 
@@ -851,9 +854,8 @@ def _search(targets, timeout, max_objects):
                     tensor, node = through_graph[a]
                     _, chain = search.best_chain(id(tensor), memo, set())
                     text, _, name = search.describe(chain)
-                    holder = "the autograd graph (`.grad_fn`, saved by %s) of a tensor held by %s" \
-                        % (node, text)
-                    key, kind, noun, view = holder, "graph", "tensor", False
+                    holder = text  # worded below, with every node that saved a block
+                    key, kind, noun, view = ("graph", text), "graph", "tensor", False
                 elif a in best:
                     score, chain, entry = best[a]
                     text, kind, name = search.describe(chain)
@@ -881,6 +883,13 @@ def _search(targets, timeout, max_objects):
                 g["objects"] += 1
                 g["blocks"] += 1
                 g["bytes"] += b["size"]
+                if kind == "graph" and node not in g.setdefault("nodes", []):
+                    g["nodes"].append(node)
+            for g in groups.values():
+                if g["kind"] == "graph":
+                    g["holder"] = ("the autograd graph (`.grad_fn`, saved by %s) of %s held by %s"
+                                   % (", ".join(sorted(g["nodes"])),
+                                      "a tensor" if g["blocks"] == 1 else "tensors", g["holder"]))
             ordered = sorted(groups.values(), key=lambda g: -g["bytes"])
             for g in ordered:
                 what = "%s (%s)" % (_count(g["objects"], g["noun"]), format_bytes(g["bytes"]))

@@ -188,6 +188,71 @@ assert state[0]["kind"] == "optimizer", state
 print("ok")
 """
 
+# Losses kept with their autograd graph, with a stand-in for torch (not installed here): tensors
+# expose their storage; a node's saved tensors come back as new tensor objects over the same
+# storage, as torch's `_saved_*` attributes do, and no Python object refers to the activations.
+GRAPH_CHILD = PRELUDE + r"""
+class Storage:
+    def __init__(self, ptr, nbytes):
+        self.ptr, self.n = ptr, nbytes
+    def data_ptr(self):
+        return self.ptr
+    def nbytes(self):
+        return self.n
+
+class Device:
+    type = "cuda"
+
+class Tensor:
+    device = Device()
+    def __init__(self, ptr, nbytes, grad_fn=None):
+        self._storage, self.grad_fn = Storage(ptr, nbytes), grad_fn
+    def untyped_storage(self):
+        return self._storage
+    def numel(self):
+        return self._storage.n // 4
+    def element_size(self):
+        return 4
+
+class Node:
+    def __init__(self, saved_ptr, saved_bytes, *next_nodes):
+        self._saved = (saved_ptr, saved_bytes)   # what C++ holds, invisible as a tensor
+        self.next_functions = tuple((n, 0) for n in next_nodes)
+
+class PowBackward0(Node):
+    @property
+    def _saved_self(self):
+        return Tensor(*self._saved)
+
+class AddmmBackward0(Node):
+    @property
+    def _saved_mat1(self):
+        return Tensor(*self._saved)
+
+sys.modules["torch"] = types.SimpleNamespace(Tensor=Tensor)
+losses = []
+for step in range(6):
+    at("val.py:30:validate")
+    hidden = gmem.malloc(2 << 20)
+    output = gmem.malloc(1 << 20)
+    loss = Tensor(gmem.malloc(512), 512,
+                  PowBackward0(output, 1 << 20, AddmmBackward0(hidden, 2 << 20), None))
+    losses.append(loss)
+    gmem.step()
+del loss
+
+found = gmem.leaks()
+groups = holder_of(found, "val.py:30:validate")
+assert [(g["kind"], g["blocks"]) for g in groups] == [("graph", 12), ("global", 6)], str(found)
+assert groups[0]["holder"] == ("the autograd graph (`.grad_fn`, saved by AddmmBackward0, "
+                               "PowBackward0) of tensors held by list `losses` (global in __main__)"), groups
+assert groups[0]["name"] == "losses" and groups[0]["bytes"] == 18 << 20, groups
+assert groups[1]["holder"] == "list `losses` (global in __main__)", groups
+advice = str(found).split("What to do:")[1].splitlines()
+assert advice[1].startswith("  - `losses` keeps each tensor's autograd graph (12 tensors (18.00 MiB))"), advice
+print("ok")
+"""
+
 # On request: an address, a site, a local of a live frame, from another thread, and the bounds.
 REQUEST_CHILD = PRELUDE + r"""
 def train():
@@ -290,6 +355,9 @@ class LeakHoldersTest(unittest.TestCase):
 
     def test_a_hook_a_module_attribute_and_optimizer_state(self):
         assert_child_ok(self, MODULE_HOOK_CHILD)
+
+    def test_losses_kept_through_their_graph(self):
+        assert_child_ok(self, GRAPH_CHILD)
 
     def test_on_request_bounded_and_from_a_thread(self):
         assert_child_ok(self, REQUEST_CHILD)
