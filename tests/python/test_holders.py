@@ -46,12 +46,21 @@ def make_hook():
         feats.append(output)
     return keep
 
+class Buffer(Array):
+    def __init__(self):            # one allocation site for every buffer
+        at("buffers.py:5:__init__")
+        Array.__init__(self, gmem.malloc(1 << 20), 1 << 20)
+
+REGISTRY = {}                      # a module-level dict
+
 keep = make_hook()
 for step in range(8):
     at("train.py:173:train")
     keep(Array(gmem.malloc(2 << 20), 2 << 20))
     at("train.py:180:train")
     losses.append(Array(gmem.malloc(1 << 20), 1 << 20))
+    keep(Buffer())                 # the case: one site, leaked through a closure's list
+    REGISTRY[step] = Buffer()      # ... and through a module-level dict
     gmem.step()
 
 found = gmem.leaks()
@@ -59,19 +68,27 @@ hook = holder_of(found, "train.py:173:train")
 assert len(hook) == 1, hook
 assert hook[0]["holder"].startswith("list `feats` ← closure of `keep` (<string>:"), hook
 assert hook[0]["kind"] == "closure" and hook[0]["name"] == "feats", hook
-assert hook[0]["blocks"] == 8 and hook[0]["bytes"] == 16 << 20, hook
+assert hook[0]["blocks"] == 8 and hook[0]["bytes"] == 16 << 20, hook  # not the Buffers: their site
 kept = holder_of(found, "train.py:180:train")
 assert kept[0]["holder"] == "list `losses` (global in __main__)", kept
 assert kept[0]["kind"] == "global" and kept[0]["objects"] == 8, kept
+# One site, two holders: split, each with its own count.
+split = holder_of(found, "buffers.py:5:__init__")
+assert sorted((g["kind"], g["blocks"]) for g in split) == [("closure", 8), ("global", 8)], split
+assert {g["holder"].split(" ←")[0].split(" (")[0] for g in split} == {
+    "list `feats`", "dict `REGISTRY`"}, split
 text = str(found)
 section = text.split("Who holds it")[1].split("What to do:")[0]
 assert "8 Arrays, 16.00 MiB in 8 blocks, kept by list `feats` ← closure of `keep`" in section, text
 assert "objects visited in" in text, text
-advice = text.split("What to do:")[1].splitlines()
-# The holder comes first in the advice, before the no_grad / detach advice of the leak itself.
-assert advice[1].startswith("  - `feats`, kept by a closure, keeps 8 Arrays (16.00 MiB)"), advice
-assert advice[2].startswith("  - `losses` keeps 8 Arrays (8.00 MiB)"), advice
-assert "torch.no_grad()" in advice[3], advice
+advice = text.split("What to do:")[1].splitlines()[1:]
+# The holders come first in the advice, before the no_grad / detach advice of the leak itself.
+first = [line for line in advice[:4]]
+assert any(l.startswith("  - `feats`, kept by a closure, keeps 8 Arrays (16.00 MiB)") for l in first), advice
+assert any(l.startswith("  - `losses` keeps 8 Arrays (8.00 MiB)") for l in first), advice
+assert any(l.startswith("  - `REGISTRY` keeps 8 Buffers (8.00 MiB)") for l in first), advice
+assert any(l.startswith("  - `feats`, kept by a closure, keeps 8 Buffers") for l in first), advice
+assert "torch.no_grad()" in advice[4], advice
 assert found.holders.visited > 1000 and found.holders.bound is None, found.holders.as_dict()
 assert "holders" in found.as_dict()
 

@@ -293,6 +293,44 @@ class HoldersOnGpuTest(unittest.TestCase):
                                                        "worker_holders_cache()"), groups[0]["holder"])
         self.assertTrue(r["first_advice"].startswith("`model.2.cache` keeps"), r["first_advice"])
 
+    def test_gmem_run_names_the_hook_at_an_oom(self):
+        # The issue's program as a new user runs it: python -m gmem.run, a forward hook keeping
+        # every activation, until gmem's cap runs out. The holders are searched at the OOM
+        # (torch's OOM observer) and printed after the error, the hook's fix first.
+        import tempfile
+        script = """import torch, gmem, gmem.torch
+
+def main():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 1024)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    gmem.enable_tracking()
+    gmem.torch.watch(optimizer)
+    gmem.set_memory_limit(1 << 30)
+    feats = []
+    model[1].register_forward_hook(lambda m, i, o: feats.append(o))
+    x = torch.randn(1024, 1024, device="cuda")
+    for _ in range(1000):
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+main()
+"""
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "hooked.py")
+            with open(path, "w") as f:
+                f.write(script)
+            result = run_python(["-m", "gmem.run", path], timeout=300, GMEM_DEVICE=None)
+        err = result.stderr
+        print("\n" + err[err.find("gmem: Who holds it"):][:3000])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("OutOfMemoryError", err)
+        self.assertIn("kept by list `feats` ← closure of `<lambda>` (hooked.py:11) ← forward hook "
+                      "on model.1 ← local `model` of main() (hooked.py:", err)
+        self.assertIn("What to do first:\n  - `feats` keeps every output its hook sees", err)
+
     def test_a_dataloader_worker_that_initialised_cuda(self):
         # PyTorch's own allocator in the job: the check is NVML's view of the processes, and the
         # worker must be able to start CUDA after the fork.
