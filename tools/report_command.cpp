@@ -21,7 +21,8 @@
 namespace gmem::cli {
 
 const char kReportUsage[] =
-    "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--columns N] [--top N]"
+    "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--axis time|events] [--columns N]\n"
+    "       [--top N]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Writes one self-contained HTML page of where a trace's memory went (PyTorch trace CSV,\n"
@@ -38,6 +39,8 @@ const char kReportUsage[] =
     "  -o, --output FILE  the HTML file to write (required)\n"
     "  --png FILE         also write the timeline as a PNG, through headless Chromium (chromium\n"
     "                     or google-chrome on PATH, or $GMEM_CHROMIUM), for CI logs and issues\n"
+    "  --axis time|events the x axis the page opens with (default time; the page switches): events\n"
+    "                     spreads steps that an idle start squeezes into a sliver of time\n"
     "  --columns N        timeline columns, two points each (default 2000)\n"
     "  --top N            sites stacked by name before the rest are summed (default 8)\n"
     GMEM_CLI_READ_LIMITS_USAGE;
@@ -52,7 +55,11 @@ int report_command(const Args& args) {
     if (parse_read_limit(args, i, limits)) continue;
     if (arg == "-o" || arg == "--output") output = option_value(args, i);
     else if (arg == "--png") png = option_value(args, i);
-    else if (arg == "--columns") options.columns = parse_count(arg, option_value(args, i));
+    else if (arg == "--axis") {
+      const std::string& axis = option_value(args, i);
+      if (axis != "time" && axis != "events") throw UsageError("--axis takes time or events, not '" + axis + "'");
+      options.axis = axis == "time" ? "time" : "event";
+    } else if (arg == "--columns") options.columns = parse_count(arg, option_value(args, i));
     else if (arg == "--top") options.top_sites = parse_count(arg, option_value(args, i));
     else if (arg.starts_with("-") && arg != "-") throw UsageError("unknown option " + arg + " (see gmem help report)");
     else add_trace_argument(files, arg);

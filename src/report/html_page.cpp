@@ -98,7 +98,8 @@ std::string html_page(const ReportData& data) {
           "\" id=\"cause\">" + escape_html(h.cause) + "</p>\n";
   if (!h.advice.empty()) page += "<p class=\"advice\" id=\"advice\">First: " + escape_html(h.advice) + "</p>\n";
   page += "<p class=\"meta\" id=\"meta\"></p>\n</header>\n<main>\n";
-  page += "<section><h2>Memory over time</h2><div id=\"timeline\" class=\"chart\"></div>\n"
+  page += "<section><h2>Memory over time <span id=\"axis\" class=\"axis\"></span></h2>"
+          "<div id=\"timeline\" class=\"chart\"></div>\n"
           "<p class=\"hint\">Drag across the chart to zoom: the tables below follow the range. "
           "Double-click to zoom out. Lines: <span class=\"k step\">step boundaries</span> "
           "<span class=\"k oom\">out of memory</span> <span class=\"k leak\">a leak begins</span> "

@@ -22,7 +22,7 @@
     while (v >= 1024 && u < UNITS.length - 1) { v /= 1024; u++; }
     return (n < 0 ? '-' : '') + (u === 0 ? v.toFixed(0) : v.toFixed(2)) + ' ' + UNITS[u];
   }
-  var inSeconds = data.x_unit === 's';
+  var axisName = data.default_axis, axis = data.axes[axisName], inSeconds = axisName === 'time';
   function xText(x) { return inSeconds ? x.toFixed(3) + ' s' : 'event ' + Math.round(x); }
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
@@ -41,16 +41,14 @@
     return tr;
   }
 
-  if (location.hash === '#only-timeline') document.body.classList.add('timeline-only');
+  if (/^#only-timeline/.test(location.hash)) document.body.classList.add('timeline-only');
 
-  var meta = data.events + ' events; ' + data.steps.x.length + ' step boundaries (' + data.steps.source + ')';
-  if (data.ooms.length) meta += '; ' + data.ooms.length + ' out-of-memory event' + (data.ooms.length > 1 ? 's' : '');
+  var meta = data.events + ' events; ' + data.steps.count + ' step boundaries (' + data.steps.source + ')';
+  if (axis.ooms.length) meta += '; ' + axis.ooms.length + ' out-of-memory event' + (axis.ooms.length > 1 ? 's' : '');
   if (data.headline.history) meta += '. ' + data.headline.history;
-  meta += '. x: ' + (inSeconds ? 'seconds from the first event' : 'event index (the trace has no times)') + '.';
-  document.getElementById('meta').textContent = meta;
+  document.getElementById('meta').textContent = meta + '.';
 
   var width = function () { return Math.max(480, Math.min(document.documentElement.clientWidth - 64, 1392)); };
-  var tl = data.timeline;
 
   // Vertical lines over a chart: steps, OOMs, where each leak began, the peak.
   function marks(u) {
@@ -65,76 +63,72 @@
       ctx.restore();
     }
     // Step lines closer than 6 px would hide the curve: draw them once zoomed in that far.
-    var shown = data.steps.x.filter(function (x) { return x >= min && x <= max; });
+    var shown = axis.steps.filter(function (x) { return x >= min && x <= max; });
     var apart = true;
     for (var i = 1; i < shown.length && apart; i++)
       apart = u.valToPos(shown[i], 'x') - u.valToPos(shown[i - 1], 'x') >= 6;
     if (apart) shown.forEach(function (x) { line(x, '#8c959f', 1, [3, 3]); });
-    line(data.largest.x, '#8250df', 2, [2, 2]);
-    data.leaks.forEach(function (l) { line(l.first_seen, '#fb8500', 2, []); });
-    data.ooms.forEach(function (x) { line(x, '#d1242f', 2, []); });
+    line(axis.peak, '#8250df', 2, [2, 2]);
+    axis.leaks.forEach(function (x) { line(x, '#fb8500', 2, []); });
+    axis.ooms.forEach(function (x) { line(x, '#d1242f', 2, []); });
   }
 
-  var syncing = false;
-  var charts = [];
+  var syncing = false, charts = [], range = [-Infinity, Infinity];
   function zoomed(u) {
     if (syncing) return;
     syncing = true;
     var min = u.scales.x.min, max = u.scales.x.max;
     charts.forEach(function (c) { if (c !== u) c.setScale('x', { min: min, max: max }); });
     syncing = false;
+    range = [min, max];
     showRange(min, max);
   }
   var valueAxis = { values: function (u, vals) { return vals.map(bytes); }, size: 86 };
   var xAxis = { values: function (u, vals) { return vals.map(function (v) { return inSeconds ? v + ' s' : String(v); }); } };
-  var common = {
-    width: width(),
-    scales: { x: { time: false } },
-    cursor: { sync: { key: 'gmem' }, drag: { x: true, y: false } },
-    legend: { live: true },
-  };
+  var xSeries = { label: 'at', value: function (u, v) { return v == null ? '' : xText(v); } };
+  function options(height, series) {
+    return { width: width(), height: height, series: series, axes: [xAxis, valueAxis],
+             scales: { x: { time: false } }, cursor: { sync: { key: 'gmem' }, drag: { x: true, y: false } },
+             hooks: { draw: [marks], setScale: [function (u, key) { if (key === 'x') zoomed(u); }] } };
+  }
+  var names = data.site_names, nsites = names.length, cum = [];
 
-  var series = [{ label: inSeconds ? 'time' : 'event', value: function (u, v) { return v == null ? '' : xText(v); } },
-    { label: 'allocated', stroke: '#0969da', width: 1.5, fill: 'rgba(9,105,218,0.12)', value: function (u, v) { return bytes(v); } },
-    { label: 'reserved, gmem\'s replay', stroke: '#1a7f37', width: 1.5, value: function (u, v) { return bytes(v); } }];
-  var columns = [tl.x, tl.allocated, tl.reserved];
-  if (tl.recorded) {
-    series.push({ label: 'reserved, recorded allocator', stroke: '#cf222e', width: 1.5, dash: [6, 3],
-                  value: function (u, v) { return bytes(v); } });
-    columns.push(tl.recorded);
-  }
-  var timeline = new uPlot(Object.assign({}, common, {
-    height: 340, series: series, axes: [xAxis, valueAxis],
-    hooks: { draw: [marks], setScale: [function (u, key) { if (key === 'x') zoomed(u); }] },
-  }), columns, document.getElementById('timeline'));
-  charts.push(timeline);
+  // Both charts on the current axis (drawn again when the axis changes).
+  function drawCharts() {
+    charts.forEach(function (c) { c.destroy(); });
+    charts = [];
+    var bytesValue = function (u, v) { return bytes(v); };
+    var series = [xSeries,
+      { label: 'allocated', stroke: '#0969da', width: 1.5, fill: 'rgba(9,105,218,0.12)', value: bytesValue },
+      { label: 'reserved, gmem\'s replay', stroke: '#1a7f37', width: 1.5, value: bytesValue }];
+    var columns = [axis.x, axis.allocated, axis.reserved];
+    if (axis.recorded) {
+      series.push({ label: 'reserved, recorded allocator', stroke: '#cf222e', width: 1.5, dash: [6, 3], value: bytesValue });
+      columns.push(axis.recorded);
+    }
+    charts.push(new uPlot(options(340, series), columns, document.getElementById('timeline')));
 
-  // Allocated memory by site, stacked: drawn as cumulative sums, the total first, so that each
-  // later (lower) band paints over the one above it; the legend shows each site's own bytes.
-  var sites = data.sites, nsites = sites.names.length;
-  var cum = [], acc = sites.x.map(function () { return 0; });
-  for (var k = 0; k < nsites; k++) {
-    acc = acc.map(function (v, c) { return v + sites.bytes[k][c]; });
-    cum.push(acc);
-  }
-  var stackSeries = [{ label: inSeconds ? 'time' : 'event', value: function (u, v) { return v == null ? '' : xText(v); } }];
-  var stackData = [sites.x];
-  for (var j = nsites - 1; j >= 0; j--) {
-    (function (site) {
-      stackSeries.push({ label: sites.names[site], stroke: COLORS[site % COLORS.length], width: 1,
-                         fill: COLORS[site % COLORS.length] + 'cc',
-                         value: function (u, v, si, i) { return i == null ? '' : bytes(sites.bytes[site][i]); } });
-    })(j);
-    stackData.push(cum[j]);
-  }
-  if (nsites) {
-    var stacked = new uPlot(Object.assign({}, common, {
-      height: 300, series: stackSeries, axes: [xAxis, valueAxis],
-      hooks: { draw: [marks], setScale: [function (u, key) { if (key === 'x') zoomed(u); }] },
-    }), stackData, document.getElementById('sites-chart'));
-    charts.push(stacked);
-  } else {
-    document.getElementById('sites-chart').appendChild(el('p', { 'class': 'empty' }, 'No allocations.'));
+    // Allocated memory by site, stacked: drawn as cumulative sums, the total first, so that each
+    // later (lower) band paints over the one above it; the legend shows each site's own bytes.
+    cum = [];
+    var acc = axis.sites_x.map(function () { return 0; });
+    for (var k = 0; k < nsites; k++) {
+      acc = acc.map(function (v, c) { return v + axis.sites[k][c]; });
+      cum.push(acc);
+    }
+    var stackSeries = [xSeries], stackData = [axis.sites_x];
+    for (var j = nsites - 1; j >= 0; j--) {
+      (function (site) {
+        stackSeries.push({ label: names[site], stroke: COLORS[site % COLORS.length], width: 1,
+                           fill: COLORS[site % COLORS.length] + 'cc',
+                           value: function (u, v, si, i) { return i == null ? '' : bytes(axis.sites[site][i]); } });
+      })(j);
+      stackData.push(cum[j]);
+    }
+    if (nsites) charts.push(new uPlot(options(300, stackSeries), stackData, document.getElementById('sites-chart')));
+    else document.getElementById('sites-chart').appendChild(el('p', { 'class': 'empty' }, 'No allocations.'));
+    range = [-Infinity, Infinity];
+    showRange(-Infinity, Infinity);
   }
 
   function showStack(title, stack, tr) {
@@ -145,65 +139,84 @@
 
   // The tables that follow the zoomed range [min, max].
   function showRange(min, max) {
-    var first = 0, last = sites.x.length - 1;
-    while (first < last && sites.x[first] < min) first++;
-    while (last > first && sites.x[last] > max) last--;
+    var xs = axis.sites_x, first = 0, last = xs.length - 1;
+    while (first < last && xs[first] < min) first++;
+    while (last > first && xs[last] > max) last--;
     var peakColumn = first, peakTotal = -1;
     for (var c = first; c <= last; c++) {
       var total = nsites ? cum[nsites - 1][c] : 0;
       if (total > peakTotal) { peakTotal = total; peakColumn = c; }
     }
-    var whole = min <= sites.x[0] && max >= sites.x[sites.x.length - 1];
+    var whole = min <= xs[0] && max >= xs[xs.length - 1];
     document.getElementById('range').textContent = (whole ? 'The whole trace' : 'From ' + xText(min) + ' to ' + xText(max)) +
-      ': allocated peaks at ' + bytes(peakTotal) + ' (' + xText(sites.x[peakColumn]) + ').';
+      ': allocated peaks at ' + bytes(peakTotal) + ' (' + xText(xs[peakColumn]) + ').';
     var table = document.getElementById('sites');
     table.textContent = '';
     row(table, [{ text: '' }, { text: 'site' }, { text: 'at the peak of the range', cls: 'num' },
                 { text: 'most held in the range', cls: 'num' }], true);
     for (var k = 0; k < nsites; k++) {
       var most = 0;
-      for (var c2 = first; c2 <= last; c2++) most = Math.max(most, sites.bytes[k][c2]);
-      var swatch = el('span', { 'class': 'swatch', style: '' });
+      for (var c2 = first; c2 <= last; c2++) most = Math.max(most, axis.sites[k][c2]);
+      var swatch = el('span', { 'class': 'swatch' });
       swatch.style.background = COLORS[k % COLORS.length];
-      row(table, [{ node: swatch }, { text: sites.names[k], cls: 'site' },
-                  { text: bytes(sites.bytes[k][peakColumn]), cls: 'num' }, { text: bytes(most), cls: 'num' }]);
+      row(table, [{ node: swatch }, { text: names[k], cls: 'site' },
+                  { text: bytes(axis.sites[k][peakColumn]), cls: 'num' }, { text: bytes(most), cls: 'num' }]);
     }
     var leaks = document.getElementById('leaks');
     leaks.textContent = '';
-    var shown = data.leaks.filter(function (l) { return l.first_seen <= max; });
+    var shown = data.leaks.filter(function (l, i) { return axis.leaks[i] <= max; });
     if (!shown.length) {
       leaks.appendChild(el('caption', { 'class': 'empty' },
         data.leaks.length ? 'No leak had begun by the end of the range.' : 'No leaks found (' + data.steps.source + ').'));
-    } else {
-      row(leaks, [{ text: 'site' }, { text: 'per step', cls: 'num' }, { text: 'kept', cls: 'num' },
-                  { text: 'grew in', cls: 'num' }, { text: 'graphs kept', cls: 'num' }, { text: 'began', cls: 'num' }], true);
-      shown.forEach(function (l) {
-        var tr = row(leaks, [{ text: l.site, cls: 'site' }, { text: '+' + bytes(l.bytes_per_step), cls: 'num' },
-          { text: bytes(l.surviving_bytes), cls: 'num' }, { text: l.growing_periods + ' of ' + l.periods + ' steps', cls: 'num' },
-          { text: l.graph_bytes ? bytes(l.graph_bytes) : '–', cls: 'num' }, { text: xText(l.first_seen), cls: 'num' }]);
-        tr.classList.add('clickable');
-        tr.addEventListener('click', function () { showStack('leak at ' + l.site + ', a block still live:', l.stack, tr); });
-      });
+      return;
     }
+    row(leaks, [{ text: 'site' }, { text: 'per step', cls: 'num' }, { text: 'kept', cls: 'num' },
+                { text: 'grew in', cls: 'num' }, { text: 'graphs kept', cls: 'num' }, { text: 'began', cls: 'num' }], true);
+    data.leaks.forEach(function (l, i) {
+      if (axis.leaks[i] > max) return;
+      var tr = row(leaks, [{ text: l.site, cls: 'site' }, { text: '+' + bytes(l.bytes_per_step), cls: 'num' },
+        { text: bytes(l.surviving_bytes), cls: 'num' }, { text: l.growing_periods + ' of ' + l.periods + ' steps', cls: 'num' },
+        { text: l.graph_bytes ? bytes(l.graph_bytes) : '–', cls: 'num' }, { text: xText(axis.leaks[i]), cls: 'num' }]);
+      tr.classList.add('clickable');
+      tr.addEventListener('click', function () { showStack('leak at ' + l.site + ', a block still live:', l.stack, tr); });
+    });
   }
 
-  var largest = document.getElementById('largest');
-  if (!data.largest.blocks.length) {
-    largest.appendChild(el('caption', { 'class': 'empty' }, 'No live blocks.'));
-  } else {
+  function showLargest() {
+    var largest = document.getElementById('largest');
+    largest.textContent = '';
+    if (!data.largest.blocks.length) {
+      largest.appendChild(el('caption', { 'class': 'empty' }, 'No live blocks.'));
+      return;
+    }
     largest.appendChild(el('caption', null, bytes(data.largest.allocated) + ' allocated at the peak (' +
-      xText(data.largest.x) + '); the ' + data.largest.blocks.length + ' largest blocks then live:'));
+      xText(axis.peak) + '); the ' + data.largest.blocks.length + ' largest blocks then live:'));
     row(largest, [{ text: 'size', cls: 'num' }, { text: 'site' }, { text: 'allocated at', cls: 'num' }, { text: 'address' }], true);
     data.largest.blocks.forEach(function (b) {
       var tr = row(largest, [{ text: bytes(b.size), cls: 'num' }, { text: b.site, cls: 'site' },
-        { text: b.before_history ? 'before the history' : xText(b.x), cls: 'num' },
+        { text: b.before_history ? 'before the history' : xText(inSeconds ? b.time : b.event), cls: 'num' },
         { text: '0x' + b.addr.toString(16), cls: 'site' }]);
       tr.classList.add('clickable');
       tr.addEventListener('click', function () { showStack(bytes(b.size) + ' at 0x' + b.addr.toString(16) + ':', b.stack, tr); });
     });
   }
+
+  // The x axis: time, or events (an idle start can squeeze the steps into a sliver of time).
+  var toggle = document.getElementById('axis');
+  Object.keys(data.axes).forEach(function (name) {
+    var button = el('button', { type: 'button', 'data-axis': name }, name === 'time' ? 'x: time' : 'x: events');
+    button.addEventListener('click', function () { setAxis(name); });
+    toggle.appendChild(button);
+  });
+  function setAxis(name) {
+    axisName = name; axis = data.axes[name]; inSeconds = name === 'time';
+    toggle.querySelectorAll('button').forEach(function (b) { b.classList.toggle('on', b.getAttribute('data-axis') === name); });
+    drawCharts();
+    showLargest();
+  }
+  if (/[#&]x=event/.test(location.hash) && data.axes.event) axisName = 'event';
+  setAxis(axisName);
   document.getElementById('summary').textContent = data.summary;
-  showRange(-Infinity, Infinity);
 
   window.addEventListener('resize', function () { charts.forEach(function (c) { c.setSize({ width: width(), height: c.height }); }); });
   document.body.setAttribute('data-rendered', '1');

@@ -76,6 +76,154 @@ void write_array(json::Writer& w, const std::vector<double>& values) {
   w.end_array();
 }
 
+// One x axis of the charts: seconds from the first event, or the event's index (a trace whose
+// interesting part is short next to an idle start reads better by events).
+struct Axis {
+  const std::vector<Event>* events;
+  bool by_time;
+  std::int64_t t0;
+  Columns columns;
+  double x(std::size_t i) const {
+    return by_time ? static_cast<double>((*events)[i].time_us - t0) / 1e6 : static_cast<double>(i);
+  }
+  // A time (a step boundary, where a leak began) on this axis.
+  double at_time(std::int64_t us) const {
+    if (by_time) return static_cast<double>(us - t0) / 1e6;
+    auto it = std::lower_bound(events->begin(), events->end(), us,
+                               [](const Event& e, std::int64_t v) { return e.time_us < v; });
+    return static_cast<double>(it - events->begin());
+  }
+};
+
+// What the axes share: the sites stacked, the peak, and gmem's replay.
+struct Gathered {
+  std::vector<std::uint32_t> slot_of;  // site -> stacked slot (`top` for the rest)
+  std::size_t slots = 0;
+  std::vector<std::size_t> replay_ends;           // events the replay reports at (both axes' column ends)
+  std::vector<trace::StepFigures> replay_figures;  // ... what it reported there
+};
+
+// The last event of each column on `axis`.
+std::vector<std::size_t> column_ends(const Axis& axis, std::size_t n) {
+  std::vector<std::size_t> ends;
+  std::size_t last = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t column = axis.columns.of(axis.x(i));
+    if (i > 0 && column != last) ends.push_back(i - 1);
+    last = column;
+  }
+  if (n) ends.push_back(n - 1);
+  return ends;
+}
+
+// The charts' series on one axis, as a JSON object: the envelopes, the sites at each column's
+// highest point, and where steps, OOMs, leaks and the peak fall.
+void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const Gathered& g,
+                const TraceSummary& summary, std::size_t peak_event, bool has_recorded) {
+  const std::vector<Event>& events = t.events;
+  const std::size_t n = events.size();
+  const Columns& columns = axis.columns;
+  SiteTable sites(t);  // ids as in build_report: the same events in the same order
+  Envelope allocated_env(columns), recorded_env(columns), gmem_env(columns);
+  std::vector<std::vector<double>> stack(g.slots, std::vector<double>(columns.count, 0.0));
+  std::vector<double> slot_bytes(g.slots, 0.0);
+  std::vector<double> column_high(columns.count, -1.0);
+  std::vector<bool> column_seen(columns.count, false);
+  std::vector<double> ooms;
+  std::unordered_map<std::uint64_t, LiveBlock> live;
+  std::uint64_t allocated = 0, recorded = 0;
+  std::size_t last_column = 0;
+  std::size_t next_figure = 0;
+  std::uint64_t peak_reserved = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Event& e = events[i];
+    const double x = axis.x(i);
+    const std::size_t column = columns.of(x);
+    if (!column_seen[column]) {
+      // A column starts with the sites as they were: the last column's end state.
+      column_seen[column] = true;
+      for (std::size_t c = last_column + 1; c < column; ++c)
+        for (std::size_t k = 0; k < g.slots; ++k) stack[k][c] = slot_bytes[k];
+      for (std::size_t k = 0; k < g.slots; ++k) stack[k][column] = slot_bytes[k];
+      column_high[column] = static_cast<double>(allocated);
+    }
+    last_column = column;
+    switch (e.action) {
+      case Action::alloc: {
+        const std::uint32_t slot = g.slot_of[sites.of(e)];
+        live[e.addr] = LiveBlock{rounded(e.size), slot, i};
+        allocated += rounded(e.size);
+        slot_bytes[slot] += static_cast<double>(rounded(e.size));
+        allocated_env.set(x, static_cast<double>(allocated));
+        if (static_cast<double>(allocated) > column_high[column]) {
+          column_high[column] = static_cast<double>(allocated);
+          for (std::size_t k = 0; k < g.slots; ++k) stack[k][column] = slot_bytes[k];
+        }
+        break;
+      }
+      case Action::free_completed: {
+        auto it = live.find(e.addr);
+        if (it == live.end()) break;
+        allocated -= it->second.bytes;
+        slot_bytes[it->second.site] -= static_cast<double>(it->second.bytes);
+        live.erase(it);
+        allocated_env.set(x, static_cast<double>(allocated));
+        break;
+      }
+      case Action::segment_alloc:
+        recorded += e.size;
+        recorded_env.set(x, static_cast<double>(recorded));
+        break;
+      case Action::segment_free:
+        recorded -= std::min(recorded, e.size);  // as the replay counts a trace cut short
+        recorded_env.set(x, static_cast<double>(recorded));
+        break;
+      case Action::oom:
+        ooms.push_back(x);
+        break;
+      case Action::free_requested:
+        break;
+    }
+    // gmem's reserved memory where the replay reported it, and its peak where it rose since.
+    for (; next_figure < g.replay_figures.size() && g.replay_figures[next_figure].event == i; ++next_figure) {
+      const trace::StepFigures& f = g.replay_figures[next_figure];
+      if (f.peak_reserved > peak_reserved) gmem_env.set(x, static_cast<double>(f.peak_reserved));
+      gmem_env.set(x, static_cast<double>(f.reserved));
+      peak_reserved = std::max(peak_reserved, f.peak_reserved);
+    }
+  }
+  for (std::size_t c = last_column + 1; c < columns.count; ++c)
+    for (std::size_t k = 0; k < g.slots; ++k) stack[k][c] = slot_bytes[k];
+
+  w.begin_object();
+  w.key("x");
+  write_array(w, envelope_x(columns));
+  w.key("allocated");
+  write_array(w, allocated_env.points());
+  w.key("reserved");
+  write_array(w, gmem_env.points());
+  w.key("recorded");
+  if (has_recorded) write_array(w, recorded_env.points());
+  else w.value(nullptr);
+  w.key("steps").begin_array();
+  for (std::int64_t us : summary.leaks.step_times_us) w.value(axis.at_time(us));
+  w.end_array();
+  w.key("ooms");
+  write_array(w, ooms);
+  w.key("leaks").begin_array();
+  for (const LeakFinding& f : summary.leaks.leaks) w.value(axis.at_time(f.first_seen_us));
+  w.end_array();
+  w.field("peak", n ? axis.x(peak_event) : 0.0);
+  w.key("sites_x").begin_array();
+  for (std::size_t c = 0; c < columns.count; ++c)
+    w.value(columns.start + columns.width * (static_cast<double>(c) + 0.5));
+  w.end_array();
+  w.key("sites").begin_array();
+  for (const auto& values : stack) write_array(w, values);
+  w.end_array();
+  w.end_object();
+}
+
 }  // namespace
 
 ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
@@ -87,20 +235,24 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
 
   const std::vector<Event>& events = t.events;
   const std::size_t n = events.size();
-  // The x axis: seconds from the first event, or the event's index in a trace without times.
   const std::int64_t t0 = n ? events.front().time_us : 0;
-  const bool by_time = n && events.back().time_us > t0;
-  auto x_of = [&](std::size_t i) {
-    return by_time ? static_cast<double>(events[i].time_us - t0) / 1e6 : static_cast<double>(i);
+  const bool has_times = n && events.back().time_us > t0;
+  std::vector<Axis> axes;
+  auto add_axis = [&](bool by_time) {
+    Axis a{&events, by_time, t0, Columns(0, 0, 1)};
+    a.columns = Columns(0, n ? a.x(n - 1) : 0, options.columns);
+    axes.push_back(a);
   };
-  const Columns columns(0, n ? x_of(n - 1) : 0, options.columns);
+  if (has_times) add_axis(true);
+  add_axis(false);
 
   // Pass 1: live memory by site, the peak, and whether the trace recorded its allocator's segments.
   SiteTable sites(t);
   std::unordered_map<std::uint64_t, LiveBlock> live;
   std::vector<std::uint64_t> site_bytes, site_max;
-  std::uint64_t allocated = 0, peak = 0;
+  std::uint64_t allocated = 0, peak = 0, recorded = 0;
   std::size_t peak_event = 0;
+  std::vector<std::pair<std::uint64_t, std::size_t>> at_peak;  // (requested size, event)
   for (std::size_t i = 0; i < n; ++i) {
     const Event& e = events[i];
     if (e.action == Action::alloc) {
@@ -119,114 +271,51 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
       live.erase(it);
     } else if (e.action == Action::segment_alloc) {
       h.has_recorded = true;
+      recorded += e.size;
+      h.recorded_peak_reserved = std::max(h.recorded_peak_reserved, recorded);
+    } else if (e.action == Action::segment_free) {
+      recorded -= std::min(recorded, e.size);
     }
   }
+  // The blocks live at the peak: the events again up to it (cheaper than copying at every new high).
+  live.clear();
+  for (std::size_t i = 0; n && i <= peak_event; ++i) {
+    const Event& e = events[i];
+    if (e.action == Action::alloc) live[e.addr] = LiveBlock{e.size, 0, i};
+    else if (e.action == Action::free_completed) live.erase(e.addr);
+  }
+  for (const auto& [addr, block] : live) at_peak.emplace_back(block.bytes, block.event);
 
   // The stacked sites: the most bytes held at any time first; the others summed into one.
+  Gathered g;
   std::vector<std::uint32_t> order(site_max.size());
   for (std::uint32_t s = 0; s < order.size(); ++s) order[s] = s;
   std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
     return site_max[a] != site_max[b] ? site_max[a] > site_max[b] : sites.names()[a] < sites.names()[b];
   });
   const std::size_t top = std::min(options.top_sites, order.size());
-  const std::size_t slots = top + (order.size() > top ? 1 : 0);
-  std::vector<std::uint32_t> slot_of(site_max.size(), static_cast<std::uint32_t>(top));
-  for (std::size_t k = 0; k < top; ++k) slot_of[order[k]] = static_cast<std::uint32_t>(k);
+  g.slots = top + (order.size() > top ? 1 : 0);
+  g.slot_of.assign(site_max.size(), static_cast<std::uint32_t>(top));
+  for (std::size_t k = 0; k < top; ++k) g.slot_of[order[k]] = static_cast<std::uint32_t>(k);
 
-  // Pass 2: the envelopes, the sites at each column's highest point, the blocks live at the peak.
-  Envelope allocated_env(columns), recorded_env(columns);
-  std::vector<std::vector<double>> stack(slots, std::vector<double>(columns.count, 0.0));
-  std::vector<double> slot_bytes(slots, 0.0);
-  std::vector<double> column_high(columns.count, -1.0);
-  std::vector<bool> column_seen(columns.count, false);
-  std::vector<std::pair<std::uint64_t, std::size_t>> at_peak;  // (requested size, event)
-  std::vector<double> ooms;
-  std::vector<std::size_t> column_last_event;  // the last event of each column with events
-  live.clear();
-  allocated = 0;
-  std::uint64_t recorded = 0;
-  std::size_t last_column = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const Event& e = events[i];
-    const double x = x_of(i);
-    const std::size_t column = columns.of(x);
-    if (i > 0 && column != last_column) column_last_event.push_back(i - 1);
-    if (!column_seen[column]) {
-      // A column starts with the sites as they were: the last column's end state.
-      column_seen[column] = true;
-      for (std::size_t c = last_column + 1; c < column; ++c) {
-        for (std::size_t k = 0; k < slots; ++k) stack[k][c] = slot_bytes[k];
-      }
-      for (std::size_t k = 0; k < slots; ++k) stack[k][column] = slot_bytes[k];
-      column_high[column] = static_cast<double>(allocated);
-    }
-    last_column = column;
-    switch (e.action) {
-      case Action::alloc: {
-        const std::uint32_t slot = slot_of[sites.of(e)];
-        live[e.addr] = LiveBlock{rounded(e.size), slot, i};
-        allocated += rounded(e.size);
-        slot_bytes[slot] += static_cast<double>(rounded(e.size));
-        allocated_env.set(x, static_cast<double>(allocated));
-        if (static_cast<double>(allocated) > column_high[column]) {
-          column_high[column] = static_cast<double>(allocated);
-          for (std::size_t k = 0; k < slots; ++k) stack[k][column] = slot_bytes[k];
-        }
-        if (i == peak_event) {
-          for (const auto& [addr, block] : live) at_peak.emplace_back(events[block.event].size, block.event);
-        }
-        break;
-      }
-      case Action::free_completed: {
-        auto it = live.find(e.addr);
-        if (it == live.end()) break;
-        allocated -= it->second.bytes;
-        slot_bytes[it->second.site] -= static_cast<double>(it->second.bytes);
-        live.erase(it);
-        allocated_env.set(x, static_cast<double>(allocated));
-        break;
-      }
-      case Action::segment_alloc:
-        recorded += e.size;
-        recorded_env.set(x, static_cast<double>(recorded));
-        h.recorded_peak_reserved = std::max(h.recorded_peak_reserved, recorded);
-        break;
-      case Action::segment_free:
-        recorded -= std::min(recorded, e.size);  // as the replay counts a trace cut short
-        recorded_env.set(x, static_cast<double>(recorded));
-        break;
-      case Action::oom:
-        ooms.push_back(x);
-        break;
-      case Action::free_requested:
-        break;
-    }
+  // gmem's replay, reporting at every column's end on either axis (as `gmem summary` replays).
+  for (const Axis& a : axes) {
+    const std::vector<std::size_t> ends = column_ends(a, n);
+    g.replay_ends.insert(g.replay_ends.end(), ends.begin(), ends.end());
   }
-  if (n) column_last_event.push_back(n - 1);
-  for (std::size_t c = last_column + 1; c < columns.count; ++c)
-    for (std::size_t k = 0; k < slots; ++k) stack[k][c] = slot_bytes[k];
-
-  // gmem's reserved memory at the end of each column, and its peak where it rose in a column.
-  Envelope gmem_env(columns);
+  std::sort(g.replay_ends.begin(), g.replay_ends.end());
+  g.replay_ends.erase(std::unique(g.replay_ends.begin(), g.replay_ends.end()), g.replay_ends.end());
   {
     trace::ReplayOptions replay_options;
-    replay_options.step_ends = column_last_event;
+    replay_options.step_ends = g.replay_ends;
     replay_options.record_steps = true;
-    const trace::ReplayResult replayed = trace::replay(t, replay_options);
-    std::uint64_t peak_so_far = 0;
-    for (const trace::StepFigures& f : replayed.per_step) {
-      const double x = x_of(f.event);
-      if (f.peak_reserved > peak_so_far) gmem_env.set(x, static_cast<double>(f.peak_reserved));
-      gmem_env.set(x, static_cast<double>(f.reserved));
-      peak_so_far = std::max(peak_so_far, f.peak_reserved);
-    }
+    g.replay_figures = trace::replay(t, replay_options).per_step;
   }
 
   json::Writer w;
   w.begin_object();
   w.field("trace", std::string_view(t.name)).field("path", std::string_view(t.path));
   w.field("events", std::uint64_t{n - summary.leaks.window.blocks_at_start});
-  w.field("x_unit", by_time ? "s" : "event");
   w.key("headline").begin_object();
   w.field("peak_allocated", h.peak_allocated).field("peak_reserved", h.peak_reserved);
   if (h.has_recorded) w.field("recorded_peak_reserved", h.recorded_peak_reserved);
@@ -237,52 +326,26 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   w.field("history", std::string_view(summary.leaks.window.describe()));
   w.end_object();
 
-  w.key("timeline").begin_object();
-  w.key("x");
-  write_array(w, envelope_x(columns));
-  w.key("allocated");
-  write_array(w, allocated_env.points());
-  w.key("reserved");
-  write_array(w, gmem_env.points());
-  w.key("recorded");
-  if (h.has_recorded) write_array(w, recorded_env.points());
-  else w.value(nullptr);
-  w.end_object();
-
-  w.key("steps").begin_object();
-  w.field("source", std::string_view(summary.leaks.period_source));
-  w.key("x").begin_array();
-  for (std::int64_t us : summary.leaks.step_times_us) {
-    if (by_time) w.value(static_cast<double>(us - t0) / 1e6);
-    else {  // the first event at or after the boundary's time
-      auto it = std::lower_bound(events.begin(), events.end(), us,
-                                 [](const Event& e, std::int64_t v) { return e.time_us < v; });
-      w.value(static_cast<double>(it - events.begin()));
-    }
+  w.field("default_axis", has_times && options.axis != "event" ? "time" : "event");
+  w.key("axes").begin_object();
+  for (const Axis& a : axes) {
+    w.key(a.by_time ? "time" : "event");
+    write_axis(w, t, a, g, summary, peak_event, h.has_recorded);
   }
-  w.end_array().end_object();
-  w.key("ooms");
-  write_array(w, ooms);
+  w.end_object();
+  w.key("steps").begin_object().field("source", std::string_view(summary.leaks.period_source));
+  w.field("count", std::uint64_t{summary.leaks.step_times_us.size()}).end_object();
 
-  w.key("sites").begin_object();
-  w.key("names").begin_array();
+  w.key("site_names").begin_array();
   for (std::size_t k = 0; k < top; ++k) w.value(sites.names()[order[k]]);
-  if (slots > top) w.value("other sites (" + std::to_string(order.size() - top) + ")");
+  if (g.slots > top) w.value("other sites (" + std::to_string(order.size() - top) + ")");
   w.end_array();
-  w.key("x").begin_array();
-  for (std::size_t c = 0; c < columns.count; ++c)
-    w.value(columns.start + columns.width * (static_cast<double>(c) + 0.5));
-  w.end_array();
-  w.key("bytes").begin_array();
-  for (const auto& values : stack) write_array(w, values);
-  w.end_array().end_object();
 
   w.key("leaks").begin_array();
   for (const LeakFinding& f : summary.leaks.leaks) {
     w.begin_object().field("site", std::string_view(f.site));
     w.field("bytes_per_step", f.bytes_per_step).field("surviving_bytes", f.surviving_bytes);
     w.field("graph_bytes", f.graph_bytes);
-    w.field("first_seen", by_time ? static_cast<double>(f.first_seen_us - t0) / 1e6 : 0.0);
     w.field("first_step", std::uint64_t{f.first_step}).field("periods", std::uint64_t{f.periods});
     w.field("growing_periods", std::uint64_t{f.growing_periods});
     w.field("stack", std::string_view(f.sample.stack));
@@ -295,11 +358,12 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   });
   if (at_peak.size() > options.largest_blocks) at_peak.resize(options.largest_blocks);
   w.key("largest").begin_object();
-  w.field("x", n ? x_of(peak_event) : 0.0).field("allocated", peak);
+  w.field("allocated", peak).field("event", std::uint64_t{peak_event});
   w.key("blocks").begin_array();
   for (const auto& [size, event] : at_peak) {
     const Event& e = events[event];
-    w.begin_object().field("size", size).field("addr", e.addr).field("x", x_of(event));
+    w.begin_object().field("size", size).field("addr", e.addr).field("event", std::uint64_t{event});
+    w.field("time", has_times ? axes.front().x(event) : 0.0);
     w.field("before_history", e.before_history);
     w.field("site", analysis::site_of(t, e)).field("where", analysis::innermost_site_of(t, e));
     w.field("stack", analysis::stack_of(t, e));

@@ -15,6 +15,7 @@ struct ReportOptions {
   std::size_t columns = 2000;      // timeline columns (two points each)
   std::size_t top_sites = 8;       // sites stacked by name; the others as "other sites"
   std::size_t largest_blocks = 25; // blocks listed at the peak
+  std::string axis = "time";       // the x axis the page opens with: "time" or "event"
 };
 
 // The headline's numbers, also what tests compare with `gmem summary --json`.
