@@ -31,7 +31,7 @@ from ._summary import format_bytes
 from .memory import device_index
 
 DEFAULT_TIMEOUT = 2.0            # seconds
-DEFAULT_MAX_OBJECTS = 20000000   # objects visited (one heap pass visits every tracked object)
+DEFAULT_MAX_OBJECTS = 50000000   # objects visited (one heap pass visits every tracked object)
 MAX_DEPTH = 16                   # referrer levels followed up from an object
 MAX_PARENTS = 6                  # referrers kept per object (the chains to choose from)
 MAX_NEW_PER_LEVEL = 200000       # objects added to the search per level
@@ -393,11 +393,12 @@ class _Search:
                 for v in values:
                     if id(v) in ids:
                         self.link(v, frame)
+            values = v = None  # not a referrer at the next level
             following = []
             self.own(following)
             for r in referrers:
-                if self.ours(r) or r is wanted or (type(r) is tuple and len(r) == len(wanted)
-                                                   and len(r) > 0 and r[0] is wanted[0]):
+                # `wanted` is also the call's argument tuple (CPython passes an exact tuple as is)
+                if self.ours(r) or r is wanted:
                     continue
                 try:
                     referents = gc.get_referents(r)
@@ -408,6 +409,7 @@ class _Search:
                     if id(c) in ids:
                         self.link(c, r)
                         linked = True
+                referents = c = None
                 if not linked:
                     continue
                 if id(r) not in self.nodes:
@@ -418,6 +420,7 @@ class _Search:
                             continue
                         following.append(r)
             frontier = following
+            r = None
             if self.bound:
                 break
 
@@ -544,8 +547,10 @@ class _Search:
                     where = _short(f) if f and mod == "__main__" else mod
                     root_phrase = "global `%s` in %s" % (expr, where)
                 elif isinstance(parent, type):
-                    expr = "%s.%s" % (parent.__name__, _key_text(name))
-                    root_phrase = "class attribute `%s`" % expr
+                    # A class attribute: the class's namespace dict comes next.
+                    expr = parent.__name__
+                    root_phrase = "class `%s`" % expr
+                    owner = parent
                 else:
                     expr = "<%s>" % type(parent).__name__
                     root_phrase = ("a %s that nothing in Python refers to (held from C or C++)"

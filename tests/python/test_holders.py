@@ -108,9 +108,14 @@ class Trainer:
     def __init__(self):
         self.cache = {}                        # a dict in a class instance
 
+class Cache:
+    store = []                                 # a class attribute
+
 trainer = Trainer()
 registry.history = []
 for step in range(6):
+    at("cache.py:9:remember")
+    Cache.store.append(Array(gmem.malloc(2 << 20), 2 << 20))
     at("model.py:20:forward")
     trainer.cache["step%d" % step] = Array(gmem.malloc(1 << 20), 1 << 20)
     at("model.py:30:forward")
@@ -124,6 +129,8 @@ assert "`trainer.cache` keeps 6 Arrays (6.00 MiB)" in cache[0]["advice"], cache
 assert cache[0]["name"] == "trainer.cache" and cache[0]["blocks"] == 6, cache
 module = holder_of(found, "model.py:30:forward")
 assert len(module) == 1 and module[0]["holder"] == "list `history` (global in registry)", module
+cls = holder_of(found, "cache.py:9:remember")
+assert cls[0]["holder"] == "list `Cache.store` ← class `Cache`" and cls[0]["blocks"] == 6, cls
 assert module[0]["blocks"] == 6 and module[0]["bytes"] == 18 << 20, module
 print("ok")
 """
