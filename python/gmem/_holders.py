@@ -1169,15 +1169,26 @@ def _on_oom(device=-1, *_):
         pass
 
 
+_REUSE_S = 10.0  # OOMs in a burst (cuDNN retrying with less workspace) share one search
+
+
 def _oom_sections(report_text, device=-1):
     """(holders, processes) for the OOM whose report is `report_text`, searched once."""
     if _oom["key"] != report_text:
         dev = None if device is None or device < 0 else device
-        found = None
+        found, now = None, time.monotonic()
         try:
             from . import observe
             if observe.is_tracking(dev) and "Leak suspects" in report_text:
-                found = _safe_holders(None, dev)
+                last = _oom.get("searched")
+                if last is not None and now - last[0] < _REUSE_S:
+                    found = Holders(last[1].targets, last[1].visited, last[1].ms, last[1].bound,
+                                    list(last[1].notes) + [
+                                        "searched %.1f s earlier, at the out-of-memory error "
+                                        "just before this one" % (now - last[0])], last[1].heap)
+                else:
+                    found = _safe_holders(None, dev)
+                    _oom["searched"] = (now, found)
         except Exception as e:
             found = Holders([], notes=["the holder search failed: %s" % e])
         _oom.update(key=report_text, holders=found, processes=_safe_processes(dev))

@@ -363,6 +363,15 @@ assert d["advice"][0].startswith("`outputs` keeps"), d["advice"]
 assert d["processes"]["available"] is False, d["processes"]
 summary = gmem.memory_summary()
 assert "kept by list `outputs`" in summary and "Processes on device 0" in summary, summary
+# A burst of OOMs (cuDNN retrying with less workspace) shares the first one's search, and says so.
+try:
+    gmem.malloc(300 << 20)
+except gmem.OutOfMemoryError:
+    pass
+second = gmem.last_oom_report()
+assert second != text and "tried to allocate 300.00 MiB" in second, second
+assert "at the out-of-memory error just before this one" in second, second
+assert "kept by list `outputs`" in second, second
 print("ok")
 """
 
