@@ -69,6 +69,7 @@ add_library(gmem_report STATIC
   src/report/report_data.cpp
   src/report/html_page.cpp
   src/report/png.cpp
+  src/report/sha256.cpp
 )
 target_compile_definitions(gmem_report PRIVATE GMEM_VERSION="${PROJECT_VERSION}")
 target_include_directories(gmem_report PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src

@@ -5,6 +5,7 @@
 
 #include "gmem/error.hpp"
 #include "gmem/report_assets.hpp"
+#include "report/sha256.hpp"
 
 namespace gmem::report {
 namespace {
@@ -70,13 +71,19 @@ std::string missing_chart_library_message() {
 std::string html_page(const ReportData& data) {
   if (!have_chart_library()) throw std::runtime_error(missing_chart_library_message());
   const Headline& h = data.headline;
+  // The two scripts, exactly as they go between their tags: the policy allows them by hash.
+  const std::string chart_script = "\n/*! " + script_safe_code(bytes_of(assets::kChartLicense)) + " */\n" +
+                                   script_safe_code(bytes_of(assets::kChartJs)) + "\n";
+  const std::string page_script = "\n" + script_safe_code(bytes_of(assets::kPageJs)) + "\n";
   std::string page;
   page.reserve(data.json.size() + 128 * 1024);
   page += "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  // Nothing may be fetched: no sources at all but the inline scripts and styles and data: images
-  // (uPlot draws on canvases). A report that tried would show a violation (the tests look).
-  page += "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
-          "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n";
+  // Nothing may be fetched: no sources at all but the page's own two scripts (by hash: nothing
+  // else runs, injected or not), inline styles and data: images (uPlot draws on canvases). A
+  // report that tried to fetch would log a violation (the tests look).
+  page += "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src " +
+          csp_hash(chart_script) + " " + csp_hash(page_script) +
+          "; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'\">\n";
   page += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
   page += "<title>gmem report: " + escape_html(data.trace_name) + "</title>\n";
   page += "<style>\n";
@@ -116,13 +123,7 @@ std::string html_page(const ReportData& data) {
           escape_html(bytes_of(assets::kChartLicense)) + "</pre></details></footer>\n";
   page += "<script type=\"application/json\" id=\"gmem-data\">";
   page += script_safe_json(data.json);
-  page += "</script>\n<script>\n/*! ";
-  page += script_safe_code(bytes_of(assets::kChartLicense));
-  page += " */\n";
-  page += script_safe_code(bytes_of(assets::kChartJs));
-  page += "\n</script>\n<script>\n";
-  page += script_safe_code(bytes_of(assets::kPageJs));
-  page += "\n</script>\n</body>\n</html>\n";
+  page += "</script>\n<script>" + chart_script + "</script>\n<script>" + page_script + "</script>\n</body>\n</html>\n";
   return page;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 
 #include "gmem/summary.hpp"
@@ -10,6 +11,7 @@
 #include "report/envelope.hpp"
 #include "report/html_page.hpp"
 #include "report/report_data.hpp"
+#include "report/sha256.hpp"
 
 namespace gmem::report {
 namespace {
@@ -72,6 +74,22 @@ TEST(ReportEnvelope, MatchesTheFullSeries) {
   }
 }
 
+// FIPS 180-4's examples, a two-block tail, and the CSP form of the empty string's digest.
+TEST(ReportSha256, KnownDigests) {
+  auto hex = [](std::string_view s) {
+    std::string out;
+    char buf[3];
+    for (std::uint8_t b : sha256(s)) std::snprintf(buf, sizeof buf, "%02x", b), out += buf;
+    return out;
+  };
+  EXPECT_EQ(hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(csp_hash(""), "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='");
+}
+
 TEST(ReportData, HeadlineIsTheSummarys) {
   const trace::Trace t = trace::read_trace(GMEM_TEST_DATA "/leak_losses.trace.csv.gz");
   const TraceSummary s = summarize_trace(t);
@@ -96,7 +114,8 @@ TEST(ReportPage, InlinesEverythingAndEscapesTheData) {
   EXPECT_EQ(page.find("</script><script>alert"), std::string::npos);  // escaped in the headline
   EXPECT_NE(page.find("gmem report: a&lt;b&gt;"), std::string::npos);
   EXPECT_NE(page.find("\\u003c/script>\\u003c!--"), std::string::npos);  // the data cannot end its element
-  EXPECT_NE(page.find("default-src 'none'"), std::string::npos);
+  EXPECT_NE(page.find("default-src 'none'; script-src 'sha256-"), std::string::npos);
+  EXPECT_EQ(page.find("script-src 'unsafe-inline'"), std::string::npos);  // scripts by hash only
   EXPECT_EQ(page.find(" src="), std::string::npos);  // nothing loaded from elsewhere
   EXPECT_EQ(page.find("<link"), std::string::npos);
   EXPECT_NE(page.find("Permission is hereby granted"), std::string::npos);  // uPlot's MIT license
