@@ -55,6 +55,8 @@ Environment (all optional):
                            $XDG_CACHE_HOME/gmem, else ~/.cache/gmem)
   GMEM_INCLUDE_DIR=DIR     where gmem/gmem.h is, for a compile at first use outside the package
   CUDA_HOME, CXX           CUDA's headers and the C++ compiler, for a compile at first use
+  GMEM_NVML=PATH           the NVML library the OOM report's process list loads (default
+                           libnvidia-ml.so.1); 0 leaves the list out
   GMEM_CLI=PATH            the gmem command-line tool that --report and gmem.report() run
                            (default: the one in the package, then the repository's build/gmem)
   GMEM_CHROMIUM=PATH       the headless Chromium that `gmem report --png` runs (default:

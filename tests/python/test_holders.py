@@ -2,7 +2,8 @@
 exposing __cuda_array_interface__ over gmem.malloc memory, kept across steps by a closure, a
 global list, a module attribute, a dict in a class instance, a view of a larger block, and a
 live frame's local; each test asserts the holder named. Each case runs in its own process (leak
-detection looks at every step the process has taken). NVML is faked (this machine has none)."""
+detection looks at every step the process has taken). NVML is faked, or looked for where it is
+not (GMEM_NVML), so that the tests read the same with and without a driver."""
 
 import os
 import subprocess
@@ -10,6 +11,10 @@ import sys
 import unittest
 
 from support import assert_child_ok, run_python
+
+# The same on machines with and without an NVIDIA driver: NVML is looked for where it is not
+# (tests that need processes pass a fake NVML).
+os.environ["GMEM_NVML"] = "/nonexistent/libnvidia-ml.so.1"
 
 PRELUDE = r"""
 import gc, sys, threading, types
@@ -400,6 +405,14 @@ class LeakHoldersTest(unittest.TestCase):
 
     def test_oom_report_and_summary(self):
         assert_child_ok(self, OOM_CHILD)
+
+
+class AdviceTest(unittest.TestCase):
+    def test_a_small_holder_does_not_lead_the_advice(self):
+        from gmem._holders import Holders
+        found = Holders([{"target": "infer.py:12:run", "blocks": 3, "bytes": 1000, "groups": [
+            {"bytes": 900, "advice": "graph advice"}, {"bytes": 60, "advice": "local advice"}]}])
+        self.assertEqual(found.advice, ["graph advice"])
 
 
 class FakeNvml:
