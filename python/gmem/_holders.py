@@ -674,7 +674,8 @@ class _quiet_unpack:
 def _advice(kind, name, holder, what):
     name = name or "it"
     if kind == "graph":
-        return ("`%s` keeps each tensor's autograd graph (%s): keep `loss.item()` or "
+        return ("`%s` keeps each tensor's autograd graph (%s): for inference, run it under "
+                "torch.no_grad(); to keep a loss or a metric, keep `loss.item()` or "
                 "`loss.detach()`, not the tensor with its graph" % (name, what))
     if kind == "hook":
         return ("`%s` keeps every output its hook sees (%s): append `o.detach().cpu()`, or remove "
