@@ -21,7 +21,7 @@
 namespace gmem::cli {
 
 const char kReportUsage[] =
-    "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--axis time|events] [--columns N]\n"
+    "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--axis time|events|steps] [--columns N]\n"
     "       [--top N]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
@@ -34,13 +34,15 @@ const char kReportUsage[] =
     "tables follow the range. The chart library (uPlot), its license and the data are inlined:\n"
     "the page fetches nothing and opens offline. Events are downsampled in gmem (each series'\n"
     "low and high in every pixel column), so a trace of millions of events makes a page of a\n"
-    "few MB. docs/report.md says what each part shows.\n"
+    "few MB. Two traces (FILE A, FILE B): B's memory overlaid on A's step by step (x: steps), and\n"
+    "the most each site held in either. docs/report.md says what each part shows.\n"
     "\n"
     "  -o, --output FILE  the HTML file to write (required)\n"
     "  --png FILE         also write the timeline as a PNG, through headless Chromium (chromium\n"
     "                     or google-chrome on PATH, or $GMEM_CHROMIUM), for CI logs and issues\n"
-    "  --axis time|events the x axis the page opens with (default time; the page switches): events\n"
-    "                     spreads steps that an idle start squeezes into a sliver of time\n"
+    "  --axis time|events|steps  the x axis the page opens with (default time, steps for two\n"
+    "                     traces; the page switches): events spreads steps that an idle start\n"
+    "                     squeezes into a sliver of time; steps puts step k at [k, k+1)\n"
     "  --columns N        timeline columns, two points each (default 2000)\n"
     "  --top N            sites stacked by name before the rest are summed (default 8)\n"
     GMEM_CLI_READ_LIMITS_USAGE;
@@ -57,8 +59,9 @@ int report_command(const Args& args) {
     else if (arg == "--png") png = option_value(args, i);
     else if (arg == "--axis") {
       const std::string& axis = option_value(args, i);
-      if (axis != "time" && axis != "events") throw UsageError("--axis takes time or events, not '" + axis + "'");
-      options.axis = axis == "time" ? "time" : "event";
+      if (axis != "time" && axis != "events" && axis != "steps")
+        throw UsageError("--axis takes time, events or steps, not '" + axis + "'");
+      options.axis = axis == "time" ? "time" : axis == "events" ? "event" : "step";
     } else if (arg == "--columns") options.columns = parse_count(arg, option_value(args, i));
     else if (arg == "--top") options.top_sites = parse_count(arg, option_value(args, i));
     else if (arg.starts_with("-") && arg != "-") throw UsageError("unknown option " + arg + " (see gmem help report)");
@@ -66,19 +69,24 @@ int report_command(const Args& args) {
   }
   if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help report)");
   if (output.empty()) throw UsageError("no output given: -o REPORT.html (see gmem help report)");
-  if (files.size() > 1)
-    throw UsageError("one trace a report for now (two inputs overlaid are not written yet): " +
-                     std::to_string(files.size()) + " given");
+  if (files.size() > 2)
+    throw UsageError("one trace, or two to compare, a report: " + std::to_string(files.size()) + " given");
+  options.step_axis = files.size() == 2 || options.axis == "step";
   if (options.columns > 100000) throw UsageError("--columns takes at most 100000");
   if (!report::have_chart_library()) {
     std::fprintf(stderr, "gmem: report: %s\n", report::missing_chart_library_message().c_str());
     return 1;
   }
   const auto start = std::chrono::steady_clock::now();
-  const trace::Trace t = read_trace_argument(files[0], limits);
-  if (report_empty_trace(t, files[0], limits, "report")) return 1;
-  const report::ReportData data = report::build_report(t, options);
-  const std::string page = report::html_page(data);
+  std::vector<report::ReportData> reports;
+  std::size_t events = 0;
+  for (const std::string& file : files) {
+    const trace::Trace t = read_trace_argument(file, limits);
+    if (report_empty_trace(t, file, limits, "report")) return 1;
+    events += t.events.size();
+    reports.push_back(report::build_report(t, options));
+  }
+  const std::string page = report::html_page(reports[0], reports.size() > 1 ? &reports[1] : nullptr);
   {
     std::ofstream out(output, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error(output + ": cannot open for writing: " + std::strerror(errno));
@@ -88,7 +96,7 @@ int report_command(const Args& args) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "gmem: wrote %s (%s, %zu events, %.2f s)\n", output.c_str(),
-               format_bytes(page.size()).c_str(), t.events.size(), seconds);
+               format_bytes(page.size()).c_str(), events, seconds);
   if (!png.empty()) return report::write_timeline_png(output, png) ? 0 : 1;
   return 0;
 }

@@ -68,7 +68,7 @@ std::string missing_chart_library_message() {
          "build && cmake --build build): the build embeds node_modules/uplot into the gmem binary.";
 }
 
-std::string html_page(const ReportData& data) {
+std::string html_page(const ReportData& data, const ReportData* compare) {
   if (!have_chart_library()) throw std::runtime_error(missing_chart_library_message());
   const Headline& h = data.headline;
   // The two scripts, exactly as they go between their tags: the policy allows them by hash.
@@ -104,6 +104,13 @@ std::string html_page(const ReportData& data) {
   page += "</div>\n<p class=\"cause cause-" + escape_html(h.cause_name.substr(0, h.cause_name.find(' '))) +
           "\" id=\"cause\">" + escape_html(h.cause) + "</p>\n";
   if (!h.advice.empty()) page += "<p class=\"advice\" id=\"advice\">First: " + escape_html(h.advice) + "</p>\n";
+  if (compare) {
+    const Headline& c = compare->headline;
+    page += "<p class=\"compare\" id=\"compare\">Compared with <b>" + escape_html(compare->trace_name) +
+            "</b>: peak allocated <span id=\"compare-peak-allocated\" data-bytes=\"" + std::to_string(c.peak_allocated) +
+            "\">" + escape_html(format_bytes(c.peak_allocated)) + "</span>, peak reserved (gmem's replay) " +
+            escape_html(format_bytes(c.peak_reserved)) + "; " + escape_html(c.cause) + "</p>\n";
+  }
   page += "<p class=\"meta\" id=\"meta\"></p>\n</header>\n<main>\n";
   page += "<section><h2>Memory over time <span id=\"axis\" class=\"axis\"></span></h2>"
           "<div id=\"timeline\" class=\"chart\"></div>\n"
@@ -113,6 +120,9 @@ std::string html_page(const ReportData& data) {
           "<span class=\"k peak\">peak allocated</span></p></section>\n";
   page += "<section><h2>Allocated memory by site</h2><div id=\"sites-chart\" class=\"chart\"></div>\n"
           "<p class=\"range\" id=\"range\"></p><table id=\"sites\"></table></section>\n";
+  if (compare)
+    page += "<section id=\"compare-section\"><h2>Two runs, site by site</h2><p class=\"hint\">The most each "
+            "site held at any time in either run, largest difference first.</p><table id=\"site-diff\"></table></section>\n";
   page += "<section><h2>Leak findings</h2><table id=\"leaks\"></table></section>\n";
   page += "<section><h2>Largest live blocks at the peak</h2><p class=\"hint\">Click a row for its stack.</p>"
           "<table id=\"largest\"></table><pre id=\"stack\" class=\"stack\"></pre></section>\n";
@@ -122,7 +132,12 @@ std::string html_page(const ReportData& data) {
           "<details><summary>uPlot's license (MIT)</summary><pre id=\"license\">" +
           escape_html(bytes_of(assets::kChartLicense)) + "</pre></details></footer>\n";
   page += "<script type=\"application/json\" id=\"gmem-data\">";
-  page += script_safe_json(data.json);
+  if (compare) {  // the second run as the first's "compare" member
+    page += script_safe_json(std::string_view(data.json).substr(0, data.json.rfind('}')));
+    page += ",\"compare\":" + script_safe_json(compare->json) + "}";
+  } else {
+    page += script_safe_json(data.json);
+  }
   page += "</script>\n<script>" + chart_script + "</script>\n<script>" + page_script + "</script>\n</body>\n</html>\n";
   return page;
 }

@@ -14,7 +14,8 @@ bool have_chart_library();
 // What to do when it does not: npm ci in the repository, then build again.
 std::string missing_chart_library_message();
 
-// The page for one trace's report. Throws std::runtime_error when the build has no chart library.
-std::string html_page(const ReportData& data);
+// The page for one trace's report; with `compare`, a second run's, overlaid step by step (both
+// built with ReportOptions::step_axis). Throws std::runtime_error without the chart library.
+std::string html_page(const ReportData& data, const ReportData* compare = nullptr);
 
 }  // namespace gmem::report

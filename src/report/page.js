@@ -23,7 +23,9 @@
     return (n < 0 ? '-' : '') + (u === 0 ? v.toFixed(0) : v.toFixed(2)) + ' ' + UNITS[u];
   }
   var axisName = data.default_axis, axis = data.axes[axisName], inSeconds = axisName === 'time';
-  function xText(x) { return inSeconds ? x.toFixed(3) + ' s' : 'event ' + Math.round(x); }
+  function xText(x) {
+    return axisName === 'time' ? x.toFixed(3) + ' s' : axisName === 'step' ? 'step ' + x.toFixed(2) : 'event ' + Math.round(x);
+  }
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
     if (attrs) for (var k in attrs) e.setAttribute(k, attrs[k]);
@@ -106,6 +108,17 @@
       series.push({ label: 'reserved, recorded allocator', stroke: '#cf222e', width: 1.5, dash: [6, 3], value: bytesValue });
       columns.push(axis.recorded);
     }
+    var other = data.compare && data.compare.axes[axisName];
+    if (other && axisName === 'step') {
+      // The second run on the same steps: both sampled on the union of their x, each holding its
+      // last value (memory is a step function), nothing past its own end.
+      var grid = union(axis.x, other.x);
+      columns = columns.map(function (ys, i) { return i === 0 ? grid : hold(axis.x, ys, grid); });
+      var name = data.compare.trace;
+      series.push({ label: 'allocated, ' + name, stroke: '#bf3989', width: 1.5, value: bytesValue });
+      series.push({ label: 'reserved (gmem), ' + name, stroke: '#8250df', width: 1.5, dash: [2, 3], value: bytesValue });
+      columns.push(hold(other.x, other.allocated, grid), hold(other.x, other.reserved, grid));
+    }
     charts.push(new uPlot(options(340, series), columns, document.getElementById('timeline')));
 
     // Allocated memory by site, stacked: drawn as cumulative sums, the total first, so that each
@@ -129,6 +142,40 @@
     else document.getElementById('sites-chart').appendChild(el('p', { 'class': 'empty' }, 'No allocations.'));
     range = [-Infinity, Infinity];
     showRange(-Infinity, Infinity);
+  }
+
+  function union(a, b) {
+    var out = [], i = 0, j = 0;
+    while (i < a.length || j < b.length) {
+      var v = j >= b.length || (i < a.length && a[i] <= b[j]) ? a[i++] : b[j++];
+      if (!out.length || v > out[out.length - 1]) out.push(v);
+    }
+    return out;
+  }
+  function hold(xs, ys, grid) {
+    var out = new Array(grid.length), j = -1;
+    for (var i = 0; i < grid.length; i++) {
+      while (j + 1 < xs.length && xs[j + 1] <= grid[i]) j++;
+      out[i] = j < 0 || grid[i] > xs[xs.length - 1] ? null : ys[j];
+    }
+    return out;
+  }
+
+  // Two runs: the most each site held in either, largest difference first.
+  function showSiteDiff() {
+    var table = document.getElementById('site-diff');
+    if (!table || !data.compare) return;
+    var a = {}, b = {}, sitesSeen = [];
+    data.site_peaks.forEach(function (p) { a[p.site] = p.bytes; sitesSeen.push(p.site); });
+    data.compare.site_peaks.forEach(function (p) { b[p.site] = p.bytes; if (!(p.site in a)) sitesSeen.push(p.site); });
+    sitesSeen.sort(function (x, y) { return Math.abs((b[y] || 0) - (a[y] || 0)) - Math.abs((b[x] || 0) - (a[x] || 0)); });
+    row(table, [{ text: 'site' }, { text: data.trace, cls: 'num' }, { text: data.compare.trace, cls: 'num' },
+                { text: 'difference', cls: 'num' }], true);
+    sitesSeen.slice(0, 25).forEach(function (site) {
+      var d = (b[site] || 0) - (a[site] || 0);
+      row(table, [{ text: site, cls: 'site' }, { text: site in a ? bytes(a[site]) : '–', cls: 'num' },
+                  { text: site in b ? bytes(b[site]) : '–', cls: 'num' }, { text: (d > 0 ? '+' : '') + bytes(d), cls: 'num' }]);
+    });
   }
 
   function showStack(title, stack, tr) {
@@ -204,17 +251,21 @@
   // The x axis: time, or events (an idle start can squeeze the steps into a sliver of time).
   var toggle = document.getElementById('axis');
   Object.keys(data.axes).forEach(function (name) {
-    var button = el('button', { type: 'button', 'data-axis': name }, name === 'time' ? 'x: time' : 'x: events');
+    var button = el('button', { type: 'button', 'data-axis': name },
+                    name === 'time' ? 'x: time' : name === 'step' ? 'x: steps' : 'x: events');
     button.addEventListener('click', function () { setAxis(name); });
     toggle.appendChild(button);
   });
   function setAxis(name) {
     axisName = name; axis = data.axes[name]; inSeconds = name === 'time';
+    xAxis.values = function (u, vals) { return vals.map(function (v) { return inSeconds ? v + ' s' : String(v); }); };
     toggle.querySelectorAll('button').forEach(function (b) { b.classList.toggle('on', b.getAttribute('data-axis') === name); });
     drawCharts();
     showLargest();
   }
+  if (data.compare && data.axes.step && data.compare.axes.step) axisName = 'step';
   if (/[#&]x=event/.test(location.hash) && data.axes.event) axisName = 'event';
+  showSiteDiff();
   setAxis(axisName);
   document.getElementById('summary').textContent = data.summary;
 

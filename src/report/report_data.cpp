@@ -76,22 +76,33 @@ void write_array(json::Writer& w, const std::vector<double>& values) {
   w.end_array();
 }
 
-// One x axis of the charts: seconds from the first event, or the event's index (a trace whose
-// interesting part is short next to an idle start reads better by events).
+// One x axis of the charts: seconds from the first event, the event's index (a trace whose
+// interesting part is short next to an idle start reads better by events), or steps (step k
+// spans [k, k+1), its events spread evenly: two runs overlaid line up step by step).
 struct Axis {
+  enum Kind { time, event, step };
   const std::vector<Event>* events;
-  bool by_time;
+  Kind kind;
   std::int64_t t0;
   Columns columns;
+  std::vector<std::size_t> bounds;  // kind step: the first event of each step after the first
+
+  const char* name() const { return kind == time ? "time" : kind == event ? "event" : "step"; }
   double x(std::size_t i) const {
-    return by_time ? static_cast<double>((*events)[i].time_us - t0) / 1e6 : static_cast<double>(i);
+    if (kind == time) return static_cast<double>((*events)[i].time_us - t0) / 1e6;
+    if (kind == event) return static_cast<double>(i);
+    const std::size_t k = static_cast<std::size_t>(std::upper_bound(bounds.begin(), bounds.end(), i) - bounds.begin());
+    const std::size_t lo = k == 0 ? 0 : bounds[k - 1], hi = k < bounds.size() ? bounds[k] : events->size();
+    return static_cast<double>(k) + (hi > lo ? static_cast<double>(i - lo) / static_cast<double>(hi - lo) : 0.0);
   }
   // A time (a step boundary, where a leak began) on this axis.
   double at_time(std::int64_t us) const {
-    if (by_time) return static_cast<double>(us - t0) / 1e6;
+    if (kind == time) return static_cast<double>(us - t0) / 1e6;
     auto it = std::lower_bound(events->begin(), events->end(), us,
                                [](const Event& e, std::int64_t v) { return e.time_us < v; });
-    return static_cast<double>(it - events->begin());
+    const std::size_t i = static_cast<std::size_t>(it - events->begin());
+    if (kind == event || events->empty()) return static_cast<double>(i);
+    return i < events->size() ? x(i) : static_cast<double>(bounds.size() + 1);
   }
 };
 
@@ -238,13 +249,24 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   const std::int64_t t0 = n ? events.front().time_us : 0;
   const bool has_times = n && events.back().time_us > t0;
   std::vector<Axis> axes;
-  auto add_axis = [&](bool by_time) {
-    Axis a{&events, by_time, t0, Columns(0, 0, 1)};
-    a.columns = Columns(0, n ? a.x(n - 1) : 0, options.columns);
-    axes.push_back(a);
+  auto add_axis = [&](Axis::Kind kind, std::vector<std::size_t> bounds) {
+    Axis a{&events, kind, t0, Columns(0, 0, 1), std::move(bounds)};
+    const double end = kind == Axis::step ? static_cast<double>(a.bounds.size() + 1) : n ? a.x(n - 1) : 0;
+    a.columns = Columns(0, end, options.columns);
+    axes.push_back(std::move(a));
   };
-  if (has_times) add_axis(true);
-  add_axis(false);
+  if (has_times) add_axis(Axis::time, {});
+  add_axis(Axis::event, {});
+  if (options.step_axis && n && !summary.leaks.step_times_us.empty()) {
+    std::vector<std::size_t> bounds;
+    for (std::int64_t us : summary.leaks.step_times_us) {
+      auto it = std::lower_bound(events.begin(), events.end(), us,
+                                 [](const Event& e, std::int64_t v) { return e.time_us < v; });
+      const std::size_t i = static_cast<std::size_t>(it - events.begin());
+      if (i < n && (bounds.empty() || i > bounds.back())) bounds.push_back(i);
+    }
+    add_axis(Axis::step, std::move(bounds));
+  }
 
   // Pass 1: live memory by site, the peak, and whether the trace recorded its allocator's segments.
   SiteTable sites(t);
@@ -326,10 +348,12 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   w.field("history", std::string_view(summary.leaks.window.describe()));
   w.end_object();
 
-  w.field("default_axis", has_times && options.axis != "event" ? "time" : "event");
+  const bool by_step = options.axis == "step" && axes.back().kind == Axis::step;
+  w.field("default_axis", by_step ? "step" : has_times && options.axis != "event" ? "time" : "event");
+  w.field("steps_found", std::uint64_t{summary.leaks.step_times_us.size()});
   w.key("axes").begin_object();
   for (const Axis& a : axes) {
-    w.key(a.by_time ? "time" : "event");
+    w.key(a.name());
     write_axis(w, t, a, g, summary, peak_event, h.has_recorded);
   }
   w.end_object();
@@ -339,6 +363,12 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   w.key("site_names").begin_array();
   for (std::size_t k = 0; k < top; ++k) w.value(sites.names()[order[k]]);
   if (g.slots > top) w.value("other sites (" + std::to_string(order.size() - top) + ")");
+  w.end_array();
+
+  // The most each site held at any time, for comparing two runs site by site.
+  w.key("site_peaks").begin_array();
+  for (std::size_t k = 0; k < order.size() && k < 50; ++k)
+    w.begin_object().field("site", sites.names()[order[k]]).field("bytes", site_max[order[k]]).end_object();
   w.end_array();
 
   w.key("leaks").begin_array();

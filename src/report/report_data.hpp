@@ -16,6 +16,7 @@ struct ReportOptions {
   std::size_t top_sites = 8;       // sites stacked by name; the others as "other sites"
   std::size_t largest_blocks = 25; // blocks listed at the peak
   std::string axis = "time";       // the x axis the page opens with: "time" or "event"
+  bool step_axis = false;          // also the charts by step (for two runs overlaid step by step)
 };
 
 // The headline's numbers, also what tests compare with `gmem summary --json`.

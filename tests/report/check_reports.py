@@ -177,6 +177,35 @@ def check_png(gmem, traces, out):
     return failed
 
 
+def check_compare(gmem, browser, first, second, out):
+    """Two traces on one page: it draws, quietly and offline, with the second run's headline."""
+    name = "%s vs %s" % (os.path.basename(first), os.path.basename(second))
+    page = os.path.join(out, "compare.html")
+    made = subprocess.run([gmem, "report", first, second, "-o", page], capture_output=True, text=True, timeout=600)
+    if made.returncode != 0:
+        return name, ["gmem report A B failed: " + made.stderr.strip()[:300]]
+    expected = json.loads(subprocess.run([gmem, "summary", "--json", second], capture_output=True, text=True,
+                                         timeout=600).stdout)
+    problems = []
+    with tempfile.TemporaryDirectory() as work:
+        dom_text, console, requests, _ = open_in_chromium(browser, page, work)
+    dom = Dom()
+    dom.feed(dom_text)
+    if dom.body.get("data-rendered") != "1":
+        problems.append("the page did not finish drawing")
+    if console:
+        problems.append("console: " + " | ".join(console)[:600])
+    if requests:
+        problems.append("network requests: " + ", ".join(requests)[:300])
+    shown = dom.by_id.get("compare-peak-allocated", {}).get("attrs", {}).get("data-bytes")
+    if shown != str(expected["stats"]["allocated_bytes.all.peak"]):
+        problems.append("the second run's peak allocated: page %s, summary %s" % (
+            shown, expected["stats"]["allocated_bytes.all.peak"]))
+    if "site-diff" not in dom.by_id:
+        problems.append("no site-by-site table")
+    return name, problems
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--gmem", required=True)
@@ -202,6 +231,11 @@ def main(argv):
                        check=True, stdout=subprocess.DEVNULL)
         jobs.append((large, True))
     failed += check_png(a.gmem, a.traces, a.out)
+    pair = [t for t in a.traces if os.path.basename(t).startswith("gpt2")][:2]
+    if len(pair) == 2:
+        name, problems = check_compare(a.gmem, browser, pair[0], pair[1], a.out)
+        failed += 1 if problems else 0
+        print(("FAILED: %s: %s" % (name, "; ".join(problems))) if problems else "ok: %s on one page" % name)
     with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
         futures = [pool.submit(check, a.gmem, browser, t, a.out, a.shots, large) for t, large in jobs]
         for f in futures:

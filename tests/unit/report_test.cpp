@@ -104,6 +104,19 @@ TEST(ReportData, HeadlineIsTheSummarys) {
   EXPECT_NE(r.json.find("\"leaks\":[{\"site\":\"capture.py:66:run\""), std::string::npos);
 }
 
+// Two runs are overlaid by step: each run's charts on step k at [k, k+1).
+TEST(ReportData, StepAxisOnRequest) {
+  const trace::Trace t = trace::read_trace(GMEM_TEST_DATA "/leak_losses.trace.csv.gz");
+  ReportOptions options;
+  EXPECT_EQ(build_report(t, options).json.find("\"step\":{"), std::string::npos);
+  options.step_axis = true;
+  options.axis = "step";
+  const ReportData r = build_report(t, options);
+  EXPECT_NE(r.json.find("\"default_axis\":\"step\""), std::string::npos);
+  EXPECT_NE(r.json.find("\"step\":{\"x\":[0,"), std::string::npos);
+  EXPECT_NE(r.json.find("\"steps_found\":39"), std::string::npos);  // as gmem leaks finds them
+}
+
 TEST(ReportPage, InlinesEverythingAndEscapesTheData) {
   if (!have_chart_library()) GTEST_SKIP() << missing_chart_library_message();
   ReportData r;
