@@ -714,14 +714,15 @@ class Holders:
 
     @property
     def advice(self):
-        """The holders' fixes, largest first, for holders of at least a quarter of their
-        target's bytes: a small holder (a local that happens to reference one block at the
-        moment of the search) must not push the cause's own fix down. Every holder stays in
-        the report's "Who holds it" section."""
+        """The holders' fixes, largest first, for holders of at least a quarter of what their
+        target leaked (a finding's memory kept across steps; for other targets, all their
+        bytes): a small holder (a local that happens to reference one block at the moment of
+        the search) must not push the cause's own fix down. Every holder stays in the report's
+        "Who holds it" section."""
         out = []
         for t in self.targets:
             for g in t["groups"]:
-                major = 4 * g["bytes"] >= t.get("bytes", 0)
+                major = 4 * g["bytes"] >= (t.get("leaked_bytes") or t.get("bytes", 0))
                 if g.get("advice") and major and g["advice"] not in out:
                     out.append(g["advice"])
         return out
@@ -776,7 +777,8 @@ def _count(n, noun):
 
 
 def _targets_from(target, device):
-    """[(label, [block dicts])] for what holders() was asked about."""
+    """[(label, [block dicts], kept)] for what holders() was asked about; kept: for a leak
+    finding, the bytes it keeps across steps (its leaked memory), else None."""
     if target is None:
         from . import observe
         if not observe.is_tracking(device):
@@ -788,8 +790,9 @@ def _targets_from(target, device):
             return [], ("no leak findings (%d steps seen): nothing to search for; pass an address "
                         "or a site to ask about other memory" % findings.steps)
         target = list(findings)
-    items = [i["site"] if isinstance(i, dict) and "site" in i else i
-             for i in (target if isinstance(target, (list, tuple)) else [target])]
+    asked = target if isinstance(target, (list, tuple)) else [target]
+    kept = {i["site"]: i.get("surviving_bytes") for i in asked if isinstance(i, dict) and "site" in i}
+    items = [i["site"] if isinstance(i, dict) and "site" in i else i for i in asked]
     for item in items:
         if not isinstance(item, str) and (not isinstance(item, int) or isinstance(item, bool)):
             raise TypeError("gmem.holders: a target is an address (int), a site (str) or a leak "
@@ -806,7 +809,7 @@ def _targets_from(target, device):
     out = []
     for item in items:
         if isinstance(item, str):
-            out.append((item, by_site.get(item, []), None))
+            out.append((item, by_site.get(item, []), kept.get(item)))
         else:
             hit = [b for b in live if b["address"] <= item < b["address"] + b["size"]]
             out.append(("block at 0x%x" % item, hit, None))
@@ -856,7 +859,7 @@ def _search(targets, timeout, max_objects):
                 search.climb(extra)
             memo = {}
         results = []
-        for label, bs, _ in targets:
+        for label, bs, leaked in targets:
             groups = collections.OrderedDict()
             total = sum(b["size"] for b in bs)
             for b in bs:
@@ -906,6 +909,8 @@ def _search(targets, timeout, max_objects):
                 what = "%s (%s)" % (_count(g["objects"], g["noun"]), format_bytes(g["bytes"]))
                 g["advice"] = _advice(g["kind"], g["name"], g["holder"], what)
             entry = {"target": label, "blocks": len(bs), "bytes": total, "groups": ordered}
+            if leaked:
+                entry["leaked_bytes"] = leaked
             if not bs:
                 entry["why"] = "no live block there now (freed, or not gmem's)"
             results.append(entry)

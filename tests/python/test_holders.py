@@ -413,6 +413,12 @@ class AdviceTest(unittest.TestCase):
         found = Holders([{"target": "infer.py:12:run", "blocks": 3, "bytes": 1000, "groups": [
             {"bytes": 900, "advice": "graph advice"}, {"bytes": 60, "advice": "local advice"}]}])
         self.assertEqual(found.advice, ["graph advice"])
+        # A leak finding's share is of what it leaked, not of every block at its site (the
+        # weights allocated on the same line, say).
+        found = Holders([{"target": "model.py:9:forward", "blocks": 10, "bytes": 37, "leaked_bytes": 4,
+                          "groups": [{"bytes": 33, "advice": None},
+                                     {"bytes": 4, "advice": "cache advice"}]}])
+        self.assertEqual(found.advice, ["cache advice"])
 
 
 class FakeNvml:
