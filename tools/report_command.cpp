@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "args.hpp"
@@ -22,7 +23,7 @@ namespace gmem::cli {
 
 const char kReportUsage[] =
     "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--axis time|events|steps] [--columns N]\n"
-    "       [--top N]"
+    "       [--top N] [--ranks]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Writes one self-contained HTML page of where a trace's memory went (PyTorch trace CSV,\n"
@@ -45,10 +46,15 @@ const char kReportUsage[] =
     "                     squeezes into a sliver of time; steps puts step k at [k, k+1)\n"
     "  --columns N        timeline columns, two points each (default 2000)\n"
     "  --top N            sites stacked by name before the rest are summed (default 8)\n"
+    "  --ranks            the files are one trace or snapshot per rank of a distributed job, rank 0\n"
+    "                     first: rank 0's page with every rank's allocated memory overlaid step by\n"
+    "                     step, and a table of the ranks' peaks with the imbalance (as gmem summary\n"
+    "                     --ranks gives it)\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
 int report_command(const Args& args) {
   std::string output, png;
+  bool ranks = false;
   report::ReportOptions options;
   trace::ReadLimits limits;
   std::vector<std::string> files;
@@ -57,6 +63,7 @@ int report_command(const Args& args) {
     if (parse_read_limit(args, i, limits)) continue;
     if (arg == "-o" || arg == "--output") output = option_value(args, i);
     else if (arg == "--png") png = option_value(args, i);
+    else if (arg == "--ranks") ranks = true;
     else if (arg == "--axis") {
       const std::string& axis = option_value(args, i);
       if (axis != "time" && axis != "events" && axis != "steps")
@@ -69,9 +76,10 @@ int report_command(const Args& args) {
   }
   if (files.empty()) throw UsageError("no trace given: FILE..., or - for standard input (see gmem help report)");
   if (output.empty()) throw UsageError("no output given: -o REPORT.html (see gmem help report)");
-  if (files.size() > 2)
-    throw UsageError("one trace, or two to compare, a report: " + std::to_string(files.size()) + " given");
-  options.step_axis = files.size() == 2 || options.axis == "step";
+  if (files.size() > 2 && !ranks)
+    throw UsageError("one trace, or two to compare (or --ranks: one a rank), a report: " +
+                     std::to_string(files.size()) + " given");
+  options.step_axis = files.size() >= 2 || options.axis == "step";
   if (options.columns > 100000) throw UsageError("--columns takes at most 100000");
   if (!report::have_chart_library()) {
     std::fprintf(stderr, "gmem: report: %s\n", report::missing_chart_library_message().c_str());
@@ -86,7 +94,9 @@ int report_command(const Args& args) {
     events += t.events.size();
     reports.push_back(report::build_report(t, options));
   }
-  const std::string page = report::html_page(reports[0], reports.size() > 1 ? &reports[1] : nullptr);
+  const std::vector<report::ReportData> others(std::make_move_iterator(reports.begin() + 1),
+                                               std::make_move_iterator(reports.end()));
+  const std::string page = report::html_page(reports[0], others, ranks);
   {
     std::ofstream out(output, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error(output + ": cannot open for writing: " + std::strerror(errno));

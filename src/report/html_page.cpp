@@ -1,5 +1,7 @@
 #include "report/html_page.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 #include <string_view>
 
@@ -68,7 +70,42 @@ std::string missing_chart_library_message() {
          "build && cmake --build build): the build embeds node_modules/uplot into the gmem binary.";
 }
 
-std::string html_page(const ReportData& data, const ReportData* compare) {
+// The ranks of one job: each one's peaks and cause, and the imbalance as `gmem summary --ranks`
+// gives it (peak reserved in gmem's replay: the rank with the most, over the mean of all).
+std::string ranks_table(const ReportData& first, const std::vector<ReportData>& others) {
+  std::vector<const ReportData*> ranks{&first};
+  for (const ReportData& r : others) ranks.push_back(&r);
+  std::size_t top = 0;
+  std::uint64_t total = 0, lowest = ranks[0]->headline.peak_reserved;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r]->headline.peak_reserved > ranks[top]->headline.peak_reserved) top = r;
+    total += ranks[r]->headline.peak_reserved;
+    lowest = std::min(lowest, ranks[r]->headline.peak_reserved);
+  }
+  const double mean = static_cast<double>(total) / static_cast<double>(ranks.size());
+  const double imbalance = mean > 0 ? static_cast<double>(ranks[top]->headline.peak_reserved) / mean : 1.0;
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", imbalance);
+  std::string html = "<section id=\"ranks-section\"><h2>Ranks</h2>\n<p id=\"imbalance\" data-peak-rank=\"" +
+                     std::to_string(top) + "\" data-imbalance=\"" + std::to_string(imbalance) + "\">Rank " +
+                     std::to_string(top) + " peaks at " + escape_html(format_bytes(ranks[top]->headline.peak_reserved)) +
+                     " reserved, " + ratio + "&times; the mean over ranks, " +
+                     escape_html(format_bytes(ranks[top]->headline.peak_reserved - lowest)) +
+                     " above the lowest.</p>\n<table id=\"ranks\"><tr><th>rank</th><th>trace</th>"
+                     "<th class=\"num\">peak allocated</th><th class=\"num\">peak reserved</th><th>cause</th></tr>\n";
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const Headline& h = ranks[r]->headline;
+    html += "<tr><td class=\"num\">" + std::to_string(r) + "</td><td class=\"site\">" + escape_html(ranks[r]->trace_name) +
+            "</td><td class=\"num\" data-bytes=\"" + std::to_string(h.peak_allocated) + "\">" +
+            escape_html(format_bytes(h.peak_allocated)) + "</td><td class=\"num\">" +
+            escape_html(format_bytes(h.peak_reserved)) + "</td><td>" + escape_html(h.cause) + "</td></tr>\n";
+  }
+  return html + "</table><p class=\"hint\">The timeline overlays every rank's allocated memory step by "
+                "step (x: steps).</p></section>\n";
+}
+
+std::string html_page(const ReportData& data, const std::vector<ReportData>& others, bool ranks) {
+  const ReportData* compare = !ranks && others.size() == 1 ? &others[0] : nullptr;
   if (!have_chart_library()) throw std::runtime_error(missing_chart_library_message());
   const Headline& h = data.headline;
   // The two scripts, exactly as they go between their tags: the policy allows them by hash.
@@ -120,6 +157,7 @@ std::string html_page(const ReportData& data, const ReportData* compare) {
           "<span class=\"k peak\">peak allocated</span></p></section>\n";
   page += "<section><h2>Allocated memory by site</h2><div id=\"sites-chart\" class=\"chart\"></div>\n"
           "<p class=\"range\" id=\"range\"></p><table id=\"sites\"></table></section>\n";
+  if (ranks && !others.empty()) page += ranks_table(data, others);
   if (compare)
     page += "<section id=\"compare-section\"><h2>Two runs, site by site</h2><p class=\"hint\">The most each "
             "site held at any time in either run, largest difference first.</p><table id=\"site-diff\"></table></section>\n";
@@ -132,9 +170,11 @@ std::string html_page(const ReportData& data, const ReportData* compare) {
           "<details><summary>uPlot's license (MIT)</summary><pre id=\"license\">" +
           escape_html(bytes_of(assets::kChartLicense)) + "</pre></details></footer>\n";
   page += "<script type=\"application/json\" id=\"gmem-data\">";
-  if (compare) {  // the second run as the first's "compare" member
+  if (!others.empty()) {  // the other runs as the first's "others" member ("compare": a second run)
     page += script_safe_json(std::string_view(data.json).substr(0, data.json.rfind('}')));
-    page += ",\"compare\":" + script_safe_json(compare->json) + "}";
+    page += std::string(",\"ranks\":") + (ranks ? "true" : "false") + ",\"others\":[";
+    for (std::size_t i = 0; i < others.size(); ++i) page += (i ? "," : "") + script_safe_json(others[i].json);
+    page += "]}";
   } else {
     page += script_safe_json(data.json);
   }

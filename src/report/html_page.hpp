@@ -14,8 +14,10 @@ bool have_chart_library();
 // What to do when it does not: npm ci in the repository, then build again.
 std::string missing_chart_library_message();
 
-// The page for one trace's report; with `compare`, a second run's, overlaid step by step (both
-// built with ReportOptions::step_axis). Throws std::runtime_error without the chart library.
-std::string html_page(const ReportData& data, const ReportData* compare = nullptr);
+// The page for one trace's report. With `others` (built with ReportOptions::step_axis, as `data`),
+// their memory is overlaid on data's step by step: one other is a second run compared site by
+// site; with `ranks`, `data` and `others` are the ranks of one job, rank 0 first, in a table with
+// their imbalance. Throws std::runtime_error without the chart library.
+std::string html_page(const ReportData& data, const std::vector<ReportData>& others = {}, bool ranks = false);
 
 }  // namespace gmem::report

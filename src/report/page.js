@@ -14,6 +14,7 @@
   var data = JSON.parse(document.getElementById('gmem-data').textContent);
   var COLORS = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1', '#ff9da7',
                 '#9c755f', '#bab0ac', '#86bcb6', '#d37295'];
+  var OTHER_COLORS = ['#bf3989', '#8250df', '#bc4c00', '#4d2d00', '#0a3069', '#1b7c83', '#6639ba'];
   var UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
   function bytes(n) {
@@ -108,16 +109,22 @@
       series.push({ label: 'reserved, recorded allocator', stroke: '#cf222e', width: 1.5, dash: [6, 3], value: bytesValue });
       columns.push(axis.recorded);
     }
-    var other = data.compare && data.compare.axes[axisName];
-    if (other && axisName === 'step') {
-      // The second run on the same steps: both sampled on the union of their x, each holding its
+    var others = axisName === 'step' ? (data.others || []).filter(function (o) { return o.axes.step; }) : [];
+    if (others.length) {
+      // The other runs on the same steps: all sampled on the union of their x, each holding its
       // last value (memory is a step function), nothing past its own end.
-      var grid = union(axis.x, other.x);
+      var grid = axis.x;
+      others.forEach(function (o) { grid = union(grid, o.axes.step.x); });
       columns = columns.map(function (ys, i) { return i === 0 ? grid : hold(axis.x, ys, grid); });
-      var name = data.compare.trace;
-      series.push({ label: 'allocated, ' + name, stroke: '#bf3989', width: 1.5, value: bytesValue });
-      series.push({ label: 'reserved (gmem), ' + name, stroke: '#8250df', width: 1.5, dash: [2, 3], value: bytesValue });
-      columns.push(hold(other.x, other.allocated, grid), hold(other.x, other.reserved, grid));
+      others.forEach(function (o, k) {
+        var color = OTHER_COLORS[k % OTHER_COLORS.length], name = data.ranks ? 'rank ' + (k + 1) : o.trace;
+        series.push({ label: 'allocated, ' + name, stroke: color, width: 1.5, value: bytesValue });
+        columns.push(hold(o.axes.step.x, o.axes.step.allocated, grid));
+        if (others.length === 1) {
+          series.push({ label: 'reserved (gmem), ' + name, stroke: '#8250df', width: 1.5, dash: [2, 3], value: bytesValue });
+          columns.push(hold(o.axes.step.x, o.axes.step.reserved, grid));
+        }
+      });
     }
     charts.push(new uPlot(options(340, series), columns, document.getElementById('timeline')));
 
@@ -164,7 +171,7 @@
   // Two runs: the most each site held in either, largest difference first.
   function showSiteDiff() {
     var table = document.getElementById('site-diff');
-    if (!table || !data.compare) return;
+    if (!table || !data.compare) return;  // a second run (two traces, not --ranks)
     var a = {}, b = {}, sitesSeen = [];
     data.site_peaks.forEach(function (p) { a[p.site] = p.bytes; sitesSeen.push(p.site); });
     data.compare.site_peaks.forEach(function (p) { b[p.site] = p.bytes; if (!(p.site in a)) sitesSeen.push(p.site); });
@@ -263,7 +270,8 @@
     drawCharts();
     showLargest();
   }
-  if (data.compare && data.axes.step && data.compare.axes.step) axisName = 'step';
+  data.compare = !data.ranks && data.others && data.others.length === 1 ? data.others[0] : null;
+  if (data.others && data.axes.step) axisName = 'step';
   if (/[#&]x=event/.test(location.hash) && data.axes.event) axisName = 'event';
   showSiteDiff();
   setAxis(axisName);

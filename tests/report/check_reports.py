@@ -206,6 +206,32 @@ def check_compare(gmem, browser, first, second, out):
     return name, problems
 
 
+def check_ranks(gmem, browser, traces, out):
+    """--ranks: the page's peak rank and imbalance equal `gmem summary --ranks --json`'s."""
+    page = os.path.join(out, "ranks.html")
+    made = subprocess.run([gmem, "report", "--ranks"] + traces + ["-o", page], capture_output=True, text=True,
+                          timeout=600)
+    if made.returncode != 0:
+        return ["gmem report --ranks failed: " + made.stderr.strip()[:300]]
+    expected = json.loads(subprocess.run([gmem, "summary", "--ranks", "--json"] + traces, capture_output=True,
+                                         text=True, timeout=600).stdout)
+    problems = []
+    with tempfile.TemporaryDirectory() as work:
+        dom_text, console, requests, _ = open_in_chromium(browser, page, work)
+    dom = Dom()
+    dom.feed(dom_text)
+    if dom.body.get("data-rendered") != "1":
+        problems.append("the page did not finish drawing")
+    if console or requests:
+        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    shown = dom.by_id.get("imbalance", {}).get("attrs", {})
+    if shown.get("data-peak-rank") != str(expected["peak_rank"]):
+        problems.append("peak rank: page %s, summary %s" % (shown.get("data-peak-rank"), expected["peak_rank"]))
+    if abs(float(shown.get("data-imbalance", "nan")) - expected["imbalance"]) > 1e-4:
+        problems.append("imbalance: page %s, summary %s" % (shown.get("data-imbalance"), expected["imbalance"]))
+    return problems
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--gmem", required=True)
@@ -236,6 +262,12 @@ def main(argv):
         name, problems = check_compare(a.gmem, browser, pair[0], pair[1], a.out)
         failed += 1 if problems else 0
         print(("FAILED: %s: %s" % (name, "; ".join(problems))) if problems else "ok: %s on one page" % name)
+    ranks = [t for t in a.traces if os.path.basename(t).startswith("gpt2")][:3]
+    if len(ranks) >= 2:
+        problems = check_ranks(a.gmem, browser, ranks, a.out)
+        failed += 1 if problems else 0
+        print(("FAILED: --ranks: " + "; ".join(problems)) if problems else
+              "ok: --ranks of %d traces: the peak rank and the imbalance are gmem summary --ranks's" % len(ranks))
     with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
         futures = [pool.submit(check, a.gmem, browser, t, a.out, a.shots, large) for t, large in jobs]
         for f in futures:
