@@ -23,7 +23,7 @@ namespace gmem::cli {
 
 const char kReportUsage[] =
     "usage: gmem report -o REPORT.html [--png TIMELINE.png] [--axis time|events|steps] [--columns N]\n"
-    "       [--top N] [--ranks]"
+    "       [--top N] [--ranks] [--fit FIT.json]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Writes one self-contained HTML page of where a trace's memory went (PyTorch trace CSV,\n"
@@ -50,10 +50,12 @@ const char kReportUsage[] =
     "                     first: rank 0's page with every rank's allocated memory overlaid step by\n"
     "                     step, and a table of the ranks' peaks with the imbalance (as gmem summary\n"
     "                     --ranks gives it)\n"
+    "  --fit FIT.json     also the batch-size fit's table: gmem.fit_batch_size(...).as_dict() as\n"
+    "                     JSON (gmem.report() passes the last fit of the process)\n"
     GMEM_CLI_READ_LIMITS_USAGE;
 
 int report_command(const Args& args) {
-  std::string output, png;
+  std::string output, png, fit_file;
   bool ranks = false;
   report::ReportOptions options;
   trace::ReadLimits limits;
@@ -64,6 +66,7 @@ int report_command(const Args& args) {
     if (arg == "-o" || arg == "--output") output = option_value(args, i);
     else if (arg == "--png") png = option_value(args, i);
     else if (arg == "--ranks") ranks = true;
+    else if (arg == "--fit") fit_file = option_value(args, i);
     else if (arg == "--axis") {
       const std::string& axis = option_value(args, i);
       if (axis != "time" && axis != "events" && axis != "steps")
@@ -85,6 +88,20 @@ int report_command(const Args& args) {
     std::fprintf(stderr, "gmem: report: %s\n", report::missing_chart_library_message().c_str());
     return 1;
   }
+  // The fit first: a bad file stops before the traces are read.
+  std::string fit_html;
+  if (!fit_file.empty()) {
+    std::ifstream in(fit_file, std::ios::binary);
+    if (!in) throw std::runtime_error(fit_file + ": cannot open the fit: " + std::strerror(errno));
+    std::string text;
+    char buffer[65536];
+    while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+      text.append(buffer, static_cast<std::size_t>(in.gcount()));
+      // A fit's JSON is a few KB; anything this large is not one.
+      if (text.size() > (std::size_t{16} << 20)) throw BadInputError(fit_file, 0, "over 16 MiB: not a batch-size fit's JSON");
+    }
+    fit_html = report::fit_section(text, fit_file);
+  }
   const auto start = std::chrono::steady_clock::now();
   std::vector<report::ReportData> reports;
   std::size_t events = 0;
@@ -96,7 +113,7 @@ int report_command(const Args& args) {
   }
   const std::vector<report::ReportData> others(std::make_move_iterator(reports.begin() + 1),
                                                std::make_move_iterator(reports.end()));
-  const std::string page = report::html_page(reports[0], others, ranks);
+  const std::string page = report::html_page(reports[0], others, ranks, fit_html);
   {
     std::ofstream out(output, std::ios::binary | std::ios::trunc);
     if (!out) throw std::runtime_error(output + ": cannot open for writing: " + std::strerror(errno));

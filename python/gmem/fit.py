@@ -216,6 +216,11 @@ def _check_sizes(probes, max_batch_size):
     return probes
 
 
+# The last Fit fit_batch_size() returned in this process (None before any): its table goes on
+# gmem.report()'s page.
+last_fit = None
+
+
 def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=None,
                    tolerance=0.02, max_steps=10, restore=None, count_saved=True,
                    distributed=True, timeout=300.0, _wrap=None, _verify=True, _empty_cache=True,
@@ -273,6 +278,8 @@ def fit_batch_size(step, probes=None, limit=None, max_batch_size=None, device=No
         _load_state(restore, saved_state)
         # The probes' peaks are the fit's: the program's own start from here.
         memory.reset_peak_memory_stats(device)
+    global last_fit
+    last_fit = fit  # what gmem.report() and `gmem.run --report` show by default
     return fit
 
 

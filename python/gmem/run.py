@@ -24,8 +24,9 @@ own arguments and sys.argv, as under `python SCRIPT ARGS...` or `python -m MODUL
   SCRIPT ARGS...     a Python file and its arguments
   -m MODULE ARGS...  a module, as python -m runs it (e.g. -m torch.distributed.run ...)
   --report FILE      write gmem report's HTML page of the run to FILE (docs/report.md): at
-                     exit, and at an out-of-memory error before it propagates. Turns on
-                     gmem's tracking (with GMEM=0: PyTorch's _record_memory_history)
+                     exit, and at an out-of-memory error before it propagates, with the
+                     program's last gmem.fit_batch_size table. Turns on gmem's tracking
+                     (with GMEM=0: PyTorch's _record_memory_history)
   -h, --help         this text
 
 When the program runs out of memory in a torch.distributed job, gmem says which rank died and
@@ -165,7 +166,15 @@ def _write_report(path):
                 binary = gmem_report.cli_binary()
                 if binary is None:
                     raise RuntimeError("no gmem command-line tool in this installation")
-                done = subprocess.run([binary, "report", snapshot, "-o", path], capture_output=True, text=True)
+                command = [binary, "report", snapshot, "-o", path]
+                # The program's last batch-size fit, if it ran one (gmem.report does this itself).
+                fit_module = sys.modules.get("gmem.fit")
+                if fit_module is not None and fit_module.last_fit is not None:
+                    import json
+                    with open(os.path.join(work, "fit.json"), "w") as f:
+                        json.dump(fit_module.last_fit.as_dict(), f)
+                    command += ["--fit", os.path.join(work, "fit.json")]
+                done = subprocess.run(command, capture_output=True, text=True)
                 if done.returncode != 0:
                     raise RuntimeError(done.stderr.strip())
         print("gmem.run: wrote the report %s" % path, file=sys.stderr)

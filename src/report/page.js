@@ -94,7 +94,12 @@
              scales: { x: { time: false } }, cursor: { sync: { key: 'gmem' }, drag: { x: true, y: false } },
              hooks: { draw: [marks], setScale: [function (u, key) { if (key === 'x') zoomed(u); }] } };
   }
-  var names = data.site_names, nsites = names.length, cum = [];
+  // The stacked chart: by site, or by lifetime (where the trace has steps; lifetime_names).
+  var stackBy = 'site', names = data.site_names, nsites = names.length, stackVals = null, cum = [];
+  var LIFETIME_COLORS = { before: '#8c959f', kept: '#e15759', saved: '#b07aa1', 'this': '#4e79a7' };
+  function stackColor(k) {
+    return stackBy === 'lifetime' ? LIFETIME_COLORS[names[k].split(' ')[0]] || '#bab0ac' : COLORS[k % COLORS.length];
+  }
 
   // Both charts on the current axis (drawn again when the axis changes).
   function drawCharts() {
@@ -128,25 +133,30 @@
     }
     charts.push(new uPlot(options(340, series), columns, document.getElementById('timeline')));
 
-    // Allocated memory by site, stacked: drawn as cumulative sums, the total first, so that each
+    names = stackBy === 'lifetime' ? data.lifetime_names : data.site_names;
+    stackVals = stackBy === 'lifetime' ? axis.lifetimes : axis.sites;
+    nsites = names.length;
+    // Allocated memory by site (or lifetime), stacked: drawn as cumulative sums, the total first, so that each
     // later (lower) band paints over the one above it; the legend shows each site's own bytes.
     cum = [];
     var acc = axis.sites_x.map(function () { return 0; });
     for (var k = 0; k < nsites; k++) {
-      acc = acc.map(function (v, c) { return v + axis.sites[k][c]; });
+      acc = acc.map(function (v, c) { return v + stackVals[k][c]; });
       cum.push(acc);
     }
     var stackSeries = [xSeries], stackData = [axis.sites_x];
     for (var j = nsites - 1; j >= 0; j--) {
       (function (site) {
-        stackSeries.push({ label: names[site], stroke: COLORS[site % COLORS.length], width: 1,
-                           fill: COLORS[site % COLORS.length] + 'cc',
-                           value: function (u, v, si, i) { return i == null ? '' : bytes(axis.sites[site][i]); } });
+        var vals = stackVals;
+        stackSeries.push({ label: names[site], stroke: stackColor(site), width: 1, fill: stackColor(site) + 'cc',
+                           value: function (u, v, si, i) { return i == null ? '' : bytes(vals[site][i]); } });
       })(j);
       stackData.push(cum[j]);
     }
-    if (nsites) charts.push(new uPlot(options(300, stackSeries), stackData, document.getElementById('sites-chart')));
-    else document.getElementById('sites-chart').appendChild(el('p', { 'class': 'empty' }, 'No allocations.'));
+    var stackChart = document.getElementById('sites-chart');
+    stackChart.textContent = '';
+    if (nsites) charts.push(new uPlot(options(300, stackSeries), stackData, stackChart));
+    else stackChart.appendChild(el('p', { 'class': 'empty' }, 'No allocations.'));
     range = [-Infinity, Infinity];
     showRange(-Infinity, Infinity);
   }
@@ -206,15 +216,15 @@
       ': allocated peaks at ' + bytes(peakTotal) + ' (' + xText(xs[peakColumn]) + ').';
     var table = document.getElementById('sites');
     table.textContent = '';
-    row(table, [{ text: '' }, { text: 'site' }, { text: 'at the peak of the range', cls: 'num' },
+    row(table, [{ text: '' }, { text: stackBy === 'lifetime' ? 'lifetime' : 'site' }, { text: 'at the peak of the range', cls: 'num' },
                 { text: 'most held in the range', cls: 'num' }], true);
     for (var k = 0; k < nsites; k++) {
       var most = 0;
-      for (var c2 = first; c2 <= last; c2++) most = Math.max(most, axis.sites[k][c2]);
+      for (var c2 = first; c2 <= last; c2++) most = Math.max(most, stackVals[k][c2]);
       var swatch = el('span', { 'class': 'swatch' });
-      swatch.style.background = COLORS[k % COLORS.length];
+      swatch.style.background = stackColor(k);
       row(table, [{ node: swatch }, { text: names[k], cls: 'site' },
-                  { text: bytes(axis.sites[k][peakColumn]), cls: 'num' }, { text: bytes(most), cls: 'num' }]);
+                  { text: bytes(stackVals[k][peakColumn]), cls: 'num' }, { text: bytes(most), cls: 'num' }]);
     }
     var leaks = document.getElementById('leaks');
     leaks.textContent = '';
@@ -270,6 +280,28 @@
     drawCharts();
     showLargest();
   }
+  // By site or by lifetime: lifetimes come from step boundaries, so only where the trace has them.
+  var stackToggle = document.getElementById('stack-by');
+  if (data.lifetime_names && stackToggle) {
+    [['site', 'by site'], ['lifetime', 'by lifetime']].forEach(function (choice) {
+      var button = el('button', { type: 'button', 'data-stack': choice[0] }, choice[1]);
+      button.addEventListener('click', function () { setStack(choice[0]); });
+      stackToggle.appendChild(button);
+    });
+  }
+  function setStack(by, noDraw) {
+    stackBy = by;
+    if (stackToggle) stackToggle.querySelectorAll('button').forEach(function (b) { b.classList.toggle('on', b.getAttribute('data-stack') === by); });
+    document.getElementById('stack-title').textContent = by === 'lifetime' ? 'Allocated memory by lifetime' : 'Allocated memory by site';
+    document.getElementById('stack-note').textContent = by === 'lifetime'
+      ? 'By lifetime, from the step boundaries (' + data.steps.source + '): allocated before the first step, kept ' +
+        'across a step boundary, or this step\'s own (freed in the step that allocated it). A trace does not say ' +
+        'which blocks are parameters, gradients or optimizer state: the examples in brackets are what such blocks usually are.'
+      : '';
+    if (!noDraw) drawCharts();
+  }
+  if (/[#&]stack=lifetime/.test(location.hash) && data.lifetime_names) setStack('lifetime', true);
+  else setStack('site', true);
   data.compare = !data.ranks && data.others && data.others.length === 1 ? data.others[0] : null;
   if (data.others && data.axes.step) axisName = 'step';
   if (/[#&]x=event/.test(location.hash) && data.axes.event) axisName = 'event';

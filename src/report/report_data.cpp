@@ -68,7 +68,51 @@ struct LiveBlock {
   std::uint64_t bytes = 0;  // rounded, as the replay counts it
   std::uint32_t site = 0;
   std::size_t event = 0;
+  std::uint8_t lifetime = 0;
 };
+
+// Allocated memory by lifetime, the categories a trace can honestly give: it names no
+// parameters or gradients, but step boundaries say when each block lived. Stacked bottom up.
+enum Lifetime : std::uint8_t { before_steps, kept, saved, this_step, lifetimes };
+const char* const kLifetimeNames[lifetimes] = {
+    "before the first step (weights, buffers)",
+    "kept across steps (optimizer state, caches, leaks)",
+    "saved for backward (flagged in the snapshot)",
+    "this step's (activations, temporaries)"};
+
+// Each alloc event's lifetime (indexed by event): allocated before the first step boundary;
+// live across a later boundary (freed in a later step, or never freed once a later step began);
+// or freed in the step that allocated it (or still live in the trace's last step). A block
+// never freed that the snapshot flags as saved for backward is that. Steps: an event at or after
+// a boundary's time is in the step it begins, as gmem leaks counts them.
+std::vector<std::uint8_t> lifetimes_of(const trace::Trace& t, const std::vector<std::int64_t>& step_times) {
+  const std::vector<Event>& events = t.events;
+  std::vector<std::uint8_t> out(events.size(), this_step);
+  std::vector<std::size_t> step_of(events.size(), 0);
+  std::unordered_map<std::uint64_t, std::size_t> live;  // addr -> alloc event
+  std::size_t step = 0;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    while (step < step_times.size() && step_times[step] <= e.time_us) ++step;
+    if (e.action == Action::alloc) {
+      live[e.addr] = i;
+      step_of[i] = step;
+      out[i] = step == 0 ? before_steps : this_step;
+    } else if (e.action == Action::free_completed) {
+      auto it = live.find(e.addr);
+      if (it == live.end()) continue;
+      if (out[it->second] != before_steps && step > step_of[it->second]) out[it->second] = kept;
+      live.erase(it);
+    }
+  }
+  std::unordered_map<std::uint64_t, bool> flagged;
+  for (std::uint64_t addr : t.saved_for_backward) flagged[addr] = true;
+  for (const auto& [addr, i] : live) {
+    if (flagged.count(addr)) out[i] = saved;
+    else if (out[i] != before_steps && step > step_of[i]) out[i] = kept;
+  }
+  return out;
+}
 
 void write_array(json::Writer& w, const std::vector<double>& values) {
   w.begin_array();
@@ -112,6 +156,7 @@ struct Gathered {
   std::size_t slots = 0;
   std::vector<std::size_t> replay_ends;           // events the replay reports at (both axes' column ends)
   std::vector<trace::StepFigures> replay_figures;  // ... what it reported there
+  std::vector<std::uint8_t> lifetime;              // each alloc event's (lifetimes_of); empty without steps
 };
 
 // The last event of each column on `axis`.
@@ -138,6 +183,14 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
   Envelope allocated_env(columns), recorded_env(columns), gmem_env(columns);
   std::vector<std::vector<double>> stack(g.slots, std::vector<double>(columns.count, 0.0));
   std::vector<double> slot_bytes(g.slots, 0.0);
+  const bool by_lifetime = !g.lifetime.empty();
+  std::vector<std::vector<double>> life_stack(by_lifetime ? lifetimes : 0, std::vector<double>(columns.count, 0.0));
+  std::vector<double> life_bytes(lifetimes, 0.0);
+  // Both stacks take the state at a column's highest point (or its start), so they move together.
+  auto snapshot_stacks = [&](std::size_t c) {
+    for (std::size_t k = 0; k < g.slots; ++k) stack[k][c] = slot_bytes[k];
+    for (std::size_t k = 0; k < life_stack.size(); ++k) life_stack[k][c] = life_bytes[k];
+  };
   std::vector<double> column_high(columns.count, -1.0);
   std::vector<bool> column_seen(columns.count, false);
   std::vector<double> ooms;
@@ -153,22 +206,23 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
     if (!column_seen[column]) {
       // A column starts with the sites as they were: the last column's end state.
       column_seen[column] = true;
-      for (std::size_t c = last_column + 1; c < column; ++c)
-        for (std::size_t k = 0; k < g.slots; ++k) stack[k][c] = slot_bytes[k];
-      for (std::size_t k = 0; k < g.slots; ++k) stack[k][column] = slot_bytes[k];
+      for (std::size_t c = last_column + 1; c < column; ++c) snapshot_stacks(c);
+      snapshot_stacks(column);
       column_high[column] = static_cast<double>(allocated);
     }
     last_column = column;
     switch (e.action) {
       case Action::alloc: {
         const std::uint32_t slot = g.slot_of[sites.of(e)];
-        live[e.addr] = LiveBlock{rounded(e.size), slot, i};
+        const std::uint8_t life = by_lifetime ? g.lifetime[i] : 0;
+        live[e.addr] = LiveBlock{rounded(e.size), slot, i, life};
         allocated += rounded(e.size);
         slot_bytes[slot] += static_cast<double>(rounded(e.size));
+        life_bytes[life] += static_cast<double>(rounded(e.size));
         allocated_env.set(x, static_cast<double>(allocated));
         if (static_cast<double>(allocated) > column_high[column]) {
           column_high[column] = static_cast<double>(allocated);
-          for (std::size_t k = 0; k < g.slots; ++k) stack[k][column] = slot_bytes[k];
+          snapshot_stacks(column);
         }
         break;
       }
@@ -177,6 +231,7 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
         if (it == live.end()) break;
         allocated -= it->second.bytes;
         slot_bytes[it->second.site] -= static_cast<double>(it->second.bytes);
+        life_bytes[it->second.lifetime] -= static_cast<double>(it->second.bytes);
         live.erase(it);
         allocated_env.set(x, static_cast<double>(allocated));
         break;
@@ -203,8 +258,7 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
       peak_reserved = std::max(peak_reserved, f.peak_reserved);
     }
   }
-  for (std::size_t c = last_column + 1; c < columns.count; ++c)
-    for (std::size_t k = 0; k < g.slots; ++k) stack[k][c] = slot_bytes[k];
+  for (std::size_t c = last_column + 1; c < columns.count; ++c) snapshot_stacks(c);
 
   w.begin_object();
   w.key("x");
@@ -232,6 +286,15 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
   w.key("sites").begin_array();
   for (const auto& values : stack) write_array(w, values);
   w.end_array();
+  w.key("lifetimes");  // as "lifetime_names" lists them (the saved slot only where flagged)
+  if (by_lifetime) {
+    w.begin_array();
+    for (std::size_t k = 0; k < lifetimes; ++k)
+      if (k != saved || !t.saved_for_backward.empty()) write_array(w, life_stack[k]);
+    w.end_array();
+  } else {
+    w.value(nullptr);
+  }
   w.end_object();
 }
 
@@ -320,6 +383,9 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   g.slot_of.assign(site_max.size(), static_cast<std::uint32_t>(top));
   for (std::size_t k = 0; k < top; ++k) g.slot_of[order[k]] = static_cast<std::uint32_t>(k);
 
+  // Lifetimes need step boundaries: the trace's markers, or those gmem leaks found.
+  if (!summary.leaks.step_times_us.empty()) g.lifetime = lifetimes_of(t, summary.leaks.step_times_us);
+
   // gmem's replay, reporting at every column's end on either axis (as `gmem summary` replays).
   for (const Axis& a : axes) {
     const std::vector<std::size_t> ends = column_ends(a, n);
@@ -359,6 +425,16 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
   w.end_object();
   w.key("steps").begin_object().field("source", std::string_view(summary.leaks.period_source));
   w.field("count", std::uint64_t{summary.leaks.step_times_us.size()}).end_object();
+
+  w.key("lifetime_names");
+  if (g.lifetime.empty()) {
+    w.value(nullptr);
+  } else {
+    w.begin_array();
+    for (std::size_t k = 0; k < lifetimes; ++k)
+      if (k != saved || !t.saved_for_backward.empty()) w.value(kLifetimeNames[k]);
+    w.end_array();
+  }
 
   w.key("site_names").begin_array();
   for (std::size_t k = 0; k < top; ++k) w.value(sites.names()[order[k]]);

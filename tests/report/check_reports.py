@@ -5,6 +5,8 @@ report step; docs/report.md):
   - no network request: Chromium's NetLog (--log-net-log) holds no request the page started
     (the browser's own background requests, which name no page origin, are not the page's);
   - the numbers on the page equal `gmem summary --json`'s: peak allocated, peak reserved, the cause;
+  - by lifetime: each column's lifetimes add up to its sites, and the page draws them;
+  - --fit: the batch-size fit's table, with the pick and parts its JSON gives;
   - with --large N: a synthetic trace of N events (make_large_trace.py) gives a page under 10 MB,
     written in under 30 s, drawn in under 2 s.
 A screenshot of each page goes to --shots. One line a check: "ok: ..." or "FAILED: ...".
@@ -65,7 +67,7 @@ class Dom(html.parser.HTMLParser):
                 self.by_id[element]["text"] += data
 
 
-def open_in_chromium(browser, page, work, png=None):
+def open_in_chromium(browser, page, work, png=None, hash=""):
     """Loads `page` headless: (DOM after the scripts ran, console lines, page-started requests, s),
     and takes a screenshot into `png` when given."""
     netlog = os.path.join(work, "netlog.json")
@@ -75,7 +77,7 @@ def open_in_chromium(browser, page, work, png=None):
             "--log-net-log=" + netlog, "--hide-scrollbars", "--window-size=1400,2000", "--dump-dom"]
     if png:
         args.append("--screenshot=" + os.path.abspath(png))
-    args.append("file://" + os.path.abspath(page))
+    args.append("file://" + os.path.abspath(page) + hash)
     if os.geteuid() == 0:
         args.insert(1, "--no-sandbox")  # Chromium refuses to run as root otherwise
     start = time.monotonic()
@@ -232,6 +234,82 @@ def check_ranks(gmem, browser, traces, out):
     return problems
 
 
+# A torch fit's as_dict() (saved_per_sample set), as gmem.fit_batch_size returns it.
+FIT = {"batch_size": 48, "budget": 80 << 30, "limit": 80 << 30, "device_total": 80 << 30, "held_outside": 512 << 20,
+       "resident": 3 << 30, "step_fixed": 1 << 30, "per_sample": 1500 << 20, "saved_per_sample": 1200 << 20,
+       "overhead": 200 << 20, "predicted_peak": (4 << 30) + 48 * (1500 << 20),
+       "measured_peak": (4 << 30) + 48 * (1500 << 20) + (30 << 20), "measured_reserved": None, "affine": True,
+       "method": "predicted", "upper_bound": None, "notes": ["a <note> & more"], "seconds": 12.5, "ranks": 1,
+       "fixed": 4 << 30,
+       "steps": [{"batch_size": b, "kind": k, "ok": ok, "peak_allocated": (4 << 30) + b * (1500 << 20) if ok else 0}
+                 for b, k, ok in ((1, "probe", True), (2, "probe", True), (24, "probe", True), (48, "verify", True))]}
+
+
+def check_fit(gmem, browser, trace, out):
+    """--fit: the fit's table draws quietly, with the pick and the parts as the JSON has them."""
+    fit_json, page = os.path.join(out, "fit.json"), os.path.join(out, "fit.html")
+    with open(fit_json, "w") as f:
+        json.dump(FIT, f)
+    made = subprocess.run([gmem, "report", trace, "-o", page, "--fit", fit_json], capture_output=True, text=True,
+                          timeout=300)
+    if made.returncode != 0:
+        return ["gmem report --fit failed: " + made.stderr.strip()[:300]]
+    problems = []
+    with tempfile.TemporaryDirectory() as work:
+        dom_text, console, requests, _ = open_in_chromium(browser, page, work)
+    dom = Dom()
+    dom.feed(dom_text)
+    if dom.body.get("data-rendered") != "1":
+        problems.append("the page did not finish drawing")
+    if console or requests:
+        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    pick = dom.by_id.get("fit-pick", {}).get("attrs", {})
+    if pick.get("data-batch-size") != "48" or pick.get("data-budget") != str(FIT["budget"]):
+        problems.append("the pick: page %s" % pick)
+    for element, name in (("fit-saved", "saved for backward"), ("fit-temporaries", "temporaries at the peak")):
+        if name not in dom.by_id.get(element, {}).get("text", ""):
+            problems.append("no %r row" % name)
+    if "a <note> & more" not in dom_text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"):
+        problems.append("the note is not on the page as written")
+    return problems
+
+
+def check_lifetimes(gmem, browser, trace, out):
+    """Allocated memory by lifetime: in every column the lifetimes add up to what the sites do
+    (both stacks are taken at the column's highest point), and the page draws it (#stack=lifetime)."""
+    page = os.path.join(out, "lifetimes.html")
+    made = subprocess.run([gmem, "report", trace, "-o", page], capture_output=True, text=True, timeout=300)
+    if made.returncode != 0:
+        return ["gmem report failed: " + made.stderr.strip()[:300]]
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index('id="gmem-data">') + len('id="gmem-data">')
+    data = json.loads(text[start:text.index("</script>", start)])
+    problems = []
+    if not data.get("lifetime_names"):
+        return ["no lifetimes in a trace with %d steps" % data["steps"]["count"]]
+    for name, axis in data["axes"].items():
+        for c in range(len(axis["sites_x"])):
+            by_site = sum(values[c] for values in axis["sites"])
+            by_life = sum(values[c] for values in axis["lifetimes"])
+            if by_site != by_life:
+                problems.append("%s axis, column %d: by site %d, by lifetime %d" % (name, c, by_site, by_life))
+                break
+    with tempfile.TemporaryDirectory() as work:
+        dom_text, console, requests, _ = open_in_chromium(browser, page, work, hash="#stack=lifetime")
+    dom = Dom()
+    dom.feed(dom_text)
+    if dom.body.get("data-rendered") != "1":
+        problems.append("the page did not finish drawing")
+    if console or requests:
+        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    if dom.by_id.get("stack-title", {}).get("text") != "Allocated memory by lifetime":
+        problems.append("#stack=lifetime: the title reads %r" % dom.by_id.get("stack-title", {}).get("text"))
+    if "kept across steps" not in dom.by_id.get("sites", {}).get("text", ""):
+        problems.append("the lifetime table has no 'kept across steps' row")
+    return problems
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--gmem", required=True)
@@ -268,6 +346,17 @@ def main(argv):
         failed += 1 if problems else 0
         print(("FAILED: --ranks: " + "; ".join(problems)) if problems else
               "ok: --ranks of %d traces: the peak rank and the imbalance are gmem summary --ranks's" % len(ranks))
+    if a.traces:
+        problems = check_fit(a.gmem, browser, a.traces[0], a.out)
+        failed += 1 if problems else 0
+        print(("FAILED: --fit: " + "; ".join(problems)) if problems else
+              "ok: --fit: the batch-size fit's table, as its JSON gives it")
+    leaky = [t for t in a.traces if os.path.basename(t).startswith("leak_losses")]
+    if leaky:
+        problems = check_lifetimes(a.gmem, browser, leaky[0], a.out)
+        failed += 1 if problems else 0
+        print(("FAILED: by lifetime: " + "; ".join(problems)) if problems else
+              "ok: by lifetime: in every column the lifetimes add up to the sites, and the page draws them")
     with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
         futures = [pool.submit(check, a.gmem, browser, t, a.out, a.shots, large) for t, large in jobs]
         for f in futures:

@@ -117,6 +117,64 @@ TEST(ReportData, StepAxisOnRequest) {
   EXPECT_NE(r.json.find("\"steps_found\":39"), std::string::npos);  // as gmem leaks finds them
 }
 
+// Allocated memory by lifetime, against a hand-computed case: steps begin at t=10, 20 and 30.
+// A (t=0) is before the first step; B (step 1, never freed) and E (step 2, freed in step 3) are
+// kept across steps; C and D are freed in the step that allocated them; F (step 3, never freed)
+// is flagged saved for backward. One event a column on the event axis: each column holds the
+// state at its highest point (after an alloc; before a free).
+TEST(ReportData, AllocatedByLifetime) {
+  using trace::Action;
+  using trace::Event;
+  trace::Trace t;
+  t.name = "lifetimes";
+  t.frames = {""};
+  auto add = [&](Action a, std::uint64_t addr, std::uint64_t size, std::int64_t us) {
+    Event e;
+    e.action = a, e.addr = addr, e.size = size, e.time_us = us, e.line = t.events.size() + 1;
+    t.events.push_back(e);
+  };
+  add(Action::alloc, 0xA000, 1024, 0);            // A
+  add(Action::alloc, 0xB000, 2048, 10);           // B
+  add(Action::alloc, 0xC000, 4096, 11);           // C
+  add(Action::free_completed, 0xC000, 4096, 12);
+  add(Action::alloc, 0xD000, 512, 20);            // D
+  add(Action::alloc, 0xE000, 1024, 21);           // E
+  add(Action::free_completed, 0xD000, 512, 25);
+  add(Action::free_completed, 0xE000, 1024, 31);
+  add(Action::alloc, 0xF000, 512, 32);            // F
+  t.steps_us = {10, 20, 30};
+  t.steps_source = "gmem.step() markers";
+  t.saved_for_backward = {0xF000};
+  trace::rebuild_history_window(t);
+  ReportOptions options;
+  options.columns = 9;
+  const std::string json = build_report(t, options).json;
+  EXPECT_NE(json.find("\"lifetime_names\":[\"before the first step (weights, buffers)\",\"kept across steps "
+                      "(optimizer state, caches, leaks)\",\"saved for backward (flagged in the snapshot)\",\"this "
+                      "step's (activations, temporaries)\"]"),
+            std::string::npos)
+      << json.substr(json.find("lifetime_names"), 300);
+  const std::size_t event_axis = json.find("\"event\":{");
+  ASSERT_NE(event_axis, std::string::npos);
+  const std::size_t at = json.find("\"lifetimes\":", event_axis);
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(json.substr(at, json.find("]]", at) + 2 - at),
+            "\"lifetimes\":[[1024,1024,1024,1024,1024,1024,1024,1024,1024],"
+            "[0,2048,2048,2048,2048,3072,3072,3072,2048],"
+            "[0,0,0,0,0,0,0,0,512],"
+            "[0,0,4096,4096,512,512,512,0,0]]");
+
+  // Without the flag, F is still in its step (no later step began): this step's. Without steps,
+  // no lifetimes at all.
+  t.saved_for_backward.clear();
+  const std::string unflagged = build_report(t, options).json;
+  const std::size_t at2 = unflagged.find("\"lifetimes\":", unflagged.find("\"event\":{"));
+  EXPECT_EQ(unflagged.substr(at2, unflagged.find("]]", at2) + 2 - at2),
+            "\"lifetimes\":[[1024,1024,1024,1024,1024,1024,1024,1024,1024],"
+            "[0,2048,2048,2048,2048,3072,3072,3072,2048],"
+            "[0,0,4096,4096,512,512,512,0,512]]");
+}
+
 TEST(ReportPage, InlinesEverythingAndEscapesTheData) {
   if (!have_chart_library()) GTEST_SKIP() << missing_chart_library_message();
   ReportData r;
