@@ -451,7 +451,7 @@ std::string html_page(const ReportData& data, const std::vector<ReportData>& oth
     page += "<section id=\"compare-section\"><h2>Two runs, site by site</h2><p class=\"hint\">The most each "
             "site held at any time in either run, largest difference first.</p><table id=\"site-diff\"></table></section>\n";
   page += "<section><h2>Leak findings</h2><table id=\"leaks\"></table></section>\n";
-  page += "<section><h2>Largest live blocks at the peak</h2><p class=\"hint\">Click a row for its stack.</p>"
+  page += "<section><h2 id=\"largest-title\">Largest live blocks at the peak</h2><p class=\"hint\">Click a row for its stack.</p>"
           "<table id=\"largest\"></table><pre id=\"stack\" class=\"stack\"></pre></section>\n";
   page += "<section><h2>Summary</h2><pre id=\"summary\"></pre></section>\n";
   page += fit_html + "</main>\n";

@@ -212,6 +212,7 @@
       if (total > peakTotal) { peakTotal = total; peakColumn = c; }
     }
     var whole = min <= xs[0] && max >= xs[xs.length - 1];
+    showLargest(whole ? null : { applied: axis.peak_applied[peakColumn], allocated: peakTotal, x: xs[peakColumn] });
     document.getElementById('range').textContent = (whole ? 'The whole trace' : 'From ' + xText(min) + ' to ' + xText(max)) +
       ': allocated peaks at ' + bytes(peakTotal) + ' (' + xText(xs[peakColumn]) + ').';
     var table = document.getElementById('sites');
@@ -246,17 +247,35 @@
     });
   }
 
-  function showLargest() {
+  // The largest blocks live at the peak: the trace's (exact), or a zoomed range's (`at`: the
+  // column's highest point as events applied), from the trace's largest blocks gmem kept.
+  function showLargest(at) {
     var largest = document.getElementById('largest');
     largest.textContent = '';
-    if (!data.largest.blocks.length) {
-      largest.appendChild(el('caption', { 'class': 'empty' }, 'No live blocks.'));
+    document.getElementById('largest-title').textContent = at ? 'Largest live blocks at the range\'s peak' : 'Largest live blocks at the peak';
+    var blocks = data.largest.blocks, caption;
+    if (at) {
+      blocks = [];
+      data.blocks.list.forEach(function (k) {
+        // [size, alloc event, free event, address, time, before the history, site, stack]
+        if (k[1] < at.applied && k[2] >= at.applied && blocks.length < 25)  // the list is largest first
+          blocks.push({ size: k[0], event: k[1], addr: k[3], time: k[4], before_history: k[5], site: k[6],
+                        stack: data.blocks.stacks[k[7]] });
+      });
+      caption = bytes(at.allocated) + ' allocated at the range\'s peak (' + xText(at.x) + '); the ' + blocks.length +
+        ' largest blocks then live' + (data.blocks.smaller_left_out ? ' of at least ' + bytes(data.blocks.smaller_left_out) +
+        ' (the page keeps the trace\'s ' + data.blocks.list.length + ' largest)' : '') + ':';
+    } else {
+      caption = bytes(data.largest.allocated) + ' allocated at the peak (' + xText(axis.peak) + '); the ' +
+        blocks.length + ' largest blocks then live:';
+    }
+    if (!blocks.length) {
+      largest.appendChild(el('caption', { 'class': 'empty' }, at ? 'No block of the largest kept was live at the range\'s peak.' : 'No live blocks.'));
       return;
     }
-    largest.appendChild(el('caption', null, bytes(data.largest.allocated) + ' allocated at the peak (' +
-      xText(axis.peak) + '); the ' + data.largest.blocks.length + ' largest blocks then live:'));
+    largest.appendChild(el('caption', null, caption));
     row(largest, [{ text: 'size', cls: 'num' }, { text: 'site' }, { text: 'allocated at', cls: 'num' }, { text: 'address' }], true);
-    data.largest.blocks.forEach(function (b) {
+    blocks.forEach(function (b) {
       var tr = row(largest, [{ text: bytes(b.size), cls: 'num' }, { text: b.site, cls: 'site' },
         { text: b.before_history ? 'before the history' : xText(inSeconds ? b.time : b.event), cls: 'num' },
         { text: '0x' + b.addr.toString(16), cls: 'site' }]);
@@ -278,7 +297,6 @@
     xAxis.values = function (u, vals) { return vals.map(function (v) { return inSeconds ? v + ' s' : String(v); }); };
     toggle.querySelectorAll('button').forEach(function (b) { b.classList.toggle('on', b.getAttribute('data-axis') === name); });
     drawCharts();
-    showLargest();
   }
   // By site or by lifetime: lifetimes come from step boundaries, so only where the trace has them.
   var stackToggle = document.getElementById('stack-by');
@@ -308,6 +326,9 @@
   showSiteDiff();
   setAxis(axisName);
   document.getElementById('summary').textContent = data.summary;
+  // #zoom=MIN,MAX: opens zoomed into that range of the x axis (a link to a range; the tests use it).
+  var zoom = /[#&]zoom=([-0-9.e]+),([-0-9.e]+)/.exec(location.hash);
+  if (zoom && charts.length) charts[0].setScale('x', { min: parseFloat(zoom[1]), max: parseFloat(zoom[2]) });
 
   window.addEventListener('resize', function () { charts.forEach(function (c) { c.setSize({ width: width(), height: c.height }); }); });
   document.body.setAttribute('data-rendered', '1');

@@ -192,6 +192,9 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
     for (std::size_t k = 0; k < life_stack.size(); ++k) life_stack[k][c] = life_bytes[k];
   };
   std::vector<double> column_high(columns.count, -1.0);
+  // Each column's highest point as the number of events applied there: the blocks then live
+  // are those allocated before it and freed at or after it (the page's zoomed largest blocks).
+  std::vector<double> peak_applied(columns.count, static_cast<double>(n));
   std::vector<bool> column_seen(columns.count, false);
   std::vector<double> ooms;
   std::unordered_map<std::uint64_t, LiveBlock> live;
@@ -206,8 +209,9 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
     if (!column_seen[column]) {
       // A column starts with the sites as they were: the last column's end state.
       column_seen[column] = true;
-      for (std::size_t c = last_column + 1; c < column; ++c) snapshot_stacks(c);
+      for (std::size_t c = last_column + 1; c < column; ++c) snapshot_stacks(c), peak_applied[c] = static_cast<double>(i);
       snapshot_stacks(column);
+      peak_applied[column] = static_cast<double>(i);
       column_high[column] = static_cast<double>(allocated);
     }
     last_column = column;
@@ -223,6 +227,7 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
         if (static_cast<double>(allocated) > column_high[column]) {
           column_high[column] = static_cast<double>(allocated);
           snapshot_stacks(column);
+          peak_applied[column] = static_cast<double>(i + 1);
         }
         break;
       }
@@ -286,6 +291,8 @@ void write_axis(json::Writer& w, const trace::Trace& t, const Axis& axis, const 
   w.key("sites").begin_array();
   for (const auto& values : stack) write_array(w, values);
   w.end_array();
+  w.key("peak_applied");
+  write_array(w, peak_applied);
   w.key("lifetimes");  // as "lifetime_names" lists them (the saved slot only where flagged)
   if (by_lifetime) {
     w.begin_array();
@@ -362,6 +369,38 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
       recorded -= std::min(recorded, e.size);
     }
   }
+  // The zoomed range's largest blocks come from the trace's largest blocks (kLargestKept of them,
+  // with where they were freed): the page filters those live at the range's peak.
+  struct Kept {
+    std::uint64_t size;
+    std::size_t event, end;  // alloc event; free event (n when never freed)
+  };
+  std::vector<Kept> kept;
+  {
+    std::unordered_map<std::uint64_t, std::size_t> open;  // addr -> index in kept
+    for (std::size_t i = 0; i < n; ++i) {
+      const Event& e = events[i];
+      if (e.action == Action::alloc) {
+        open[e.addr] = kept.size();
+        kept.push_back(Kept{e.size, i, n});
+      } else if (e.action == Action::free_completed) {
+        auto it = open.find(e.addr);
+        if (it == open.end()) continue;
+        kept[it->second].end = i;
+        open.erase(it);
+      }
+    }
+  }
+  constexpr std::size_t kLargestKept = 1000;
+  auto larger = [](const Kept& a, const Kept& b) { return a.size != b.size ? a.size > b.size : a.event < b.event; };
+  std::uint64_t kept_cut = 0;  // blocks smaller than this were left out (0: none were)
+  if (kept.size() > kLargestKept) {
+    std::nth_element(kept.begin(), kept.begin() + kLargestKept - 1, kept.end(), larger);
+    kept_cut = kept[kLargestKept - 1].size;
+    kept.resize(kLargestKept);
+  }
+  std::sort(kept.begin(), kept.end(), larger);
+
   // The blocks live at the peak: the events again up to it (cheaper than copying at every new high).
   live.clear();
   for (std::size_t i = 0; n && i <= peak_event; ++i) {
@@ -475,6 +514,24 @@ ReportData build_report(const trace::Trace& t, const ReportOptions& options) {
     w.field("stack", analysis::stack_of(t, e));
     w.end_object();
   }
+  w.end_array().end_object();
+
+  // The candidates for a zoomed range, their stacks shared by the blocks of one site.
+  std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, std::size_t> stack_ids;
+  std::vector<std::string> stacks;
+  w.key("blocks").begin_object().field("smaller_left_out", kept_cut);
+  w.key("list").begin_array();
+  for (const Kept& k : kept) {
+    const Event& e = events[k.event];
+    auto [it, added] = stack_ids.try_emplace({e.user_frame, e.lib_frame, e.scope}, stacks.size());
+    if (added) stacks.push_back(analysis::stack_of(t, e));
+    w.begin_array().value(k.size).value(std::uint64_t{k.event}).value(std::uint64_t{k.end}).value(e.addr);
+    w.value(has_times ? axes.front().x(k.event) : 0.0).value(e.before_history);
+    w.value(analysis::site_of(t, e)).value(std::uint64_t{it->second}).end_array();
+  }
+  w.end_array();
+  w.key("stacks").begin_array();
+  for (const std::string& stack : stacks) w.value(stack);
   w.end_array().end_object();
 
   w.field("summary", format_summary(summary.stats, summary.top, summary.options()));

@@ -6,6 +6,7 @@ report step; docs/report.md):
     (the browser's own background requests, which name no page origin, are not the page's);
   - the numbers on the page equal `gmem summary --json`'s: peak allocated, peak reserved, the cause;
   - by lifetime: each column's lifetimes add up to its sites, and the page draws them;
+  - zoomed (#zoom=), the largest-blocks table is the range's peak's;
   - --fit: the batch-size fit's table, with the pick and parts its JSON gives;
   - with --large N: a synthetic trace of N events (make_large_trace.py) gives a page under 10 MB,
     written in under 30 s, drawn in under 2 s.
@@ -310,6 +311,47 @@ def check_lifetimes(gmem, browser, trace, out):
     return problems
 
 
+def check_zoom(gmem, browser, trace, out):
+    """Zoomed into the first half (#zoom=, x: events), the largest-blocks table shows the blocks live
+    at the range's peak, as the page's data gives them, not those at the trace's peak."""
+    page = os.path.join(out, "zoom.html")
+    made = subprocess.run([gmem, "report", trace, "-o", page, "--axis", "events"], capture_output=True, text=True,
+                          timeout=300)
+    if made.returncode != 0:
+        return ["gmem report failed: " + made.stderr.strip()[:300]]
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index('id="gmem-data">') + len('id="gmem-data">')
+    data = json.loads(text[start:text.index("</script>", start)])
+    axis = data["axes"]["event"]
+    lo, hi = 0.0, axis["sites_x"][-1] / 2
+    # As the page finds the range's peak: the first column of the highest stacked total.
+    columns = [c for c, x in enumerate(axis["sites_x"]) if lo <= x <= hi]
+    totals = [sum(values[c] for values in axis["sites"]) for c in columns]
+    peak_column = columns[totals.index(max(totals))]
+    applied = axis["peak_applied"][peak_column]
+    live = [b for b in data["blocks"]["list"] if b[1] < applied and b[2] >= applied][:25]
+    problems = []
+    if not live or {b[1] for b in live} == {b["event"] for b in data["largest"]["blocks"]}:
+        problems.append("the first half's largest blocks are the trace's: a poor range for this check")
+    with tempfile.TemporaryDirectory() as work:
+        dom_text, console, requests, _ = open_in_chromium(browser, page, work, hash="#x=event&zoom=%r,%r" % (lo, hi))
+    dom = Dom()
+    dom.feed(dom_text)
+    if dom.body.get("data-rendered") != "1" or console or requests:
+        problems.append("drawn %s; console: %s; requests: %s" % (dom.body.get("data-rendered"), " | ".join(console)[:300],
+                                                                 ", ".join(requests)[:200]))
+    if dom.by_id.get("largest-title", {}).get("text") != "Largest live blocks at the range's peak":
+        problems.append("the title reads %r" % dom.by_id.get("largest-title", {}).get("text"))
+    table = dom.by_id.get("largest", {}).get("text", "")
+    if "the %d largest blocks then live" % len(live) not in table:
+        problems.append("expected %d blocks: %r" % (len(live), table[:200]))
+    shown = [b for b in live if "0x%x" % b[3] in table]
+    if len(shown) != len(live):
+        problems.append("%d of the %d blocks live at the range's peak are in the table" % (len(shown), len(live)))
+    return problems
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--gmem", required=True)
@@ -357,6 +399,10 @@ def main(argv):
         failed += 1 if problems else 0
         print(("FAILED: by lifetime: " + "; ".join(problems)) if problems else
               "ok: by lifetime: in every column the lifetimes add up to the sites, and the page draws them")
+        problems = check_zoom(a.gmem, browser, leaky[0], a.out)
+        failed += 1 if problems else 0
+        print(("FAILED: zoomed largest blocks: " + "; ".join(problems)) if problems else
+              "ok: zoomed, the largest-blocks table shows the blocks live at the range's peak")
     with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
         futures = [pool.submit(check, a.gmem, browser, t, a.out, a.shots, large) for t, large in jobs]
         for f in futures:

@@ -164,6 +164,20 @@ TEST(ReportData, AllocatedByLifetime) {
             "[0,0,0,0,0,0,0,0,512],"
             "[0,0,4096,4096,512,512,512,0,0]]");
 
+  // Each column's highest point as events applied (the zoomed largest blocks), and the blocks the
+  // page filters with it, largest first: [size, alloc event, free event (9: never), address, ...].
+  const std::size_t applied = json.find("\"peak_applied\":", event_axis);
+  EXPECT_EQ(json.substr(applied, json.find(']', applied) + 1 - applied), "\"peak_applied\":[1,2,3,3,5,6,6,7,9]");
+  const std::size_t list = json.find("\"blocks\":{\"smaller_left_out\":0,\"list\":[");
+  ASSERT_NE(list, std::string::npos);
+  std::size_t at_block = list;
+  for (const char* block : {"[4096,2,3,49152,", "[2048,1,9,45056,", "[1024,0,9,40960,", "[1024,5,7,57344,",
+                            "[512,4,6,53248,", "[512,8,9,61440,"}) {
+    const std::size_t found = json.find(block, at_block);
+    EXPECT_NE(found, std::string::npos) << block;
+    if (found != std::string::npos) at_block = found;
+  }
+
   // Without the flag, F is still in its step (no later step began): this step's. Without steps,
   // no lifetimes at all.
   t.saved_for_backward.clear();
