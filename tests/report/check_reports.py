@@ -97,6 +97,21 @@ def open_in_chromium(browser, page, work, png=None, hash=""):
     return run.stdout, console, requests, seconds
 
 
+def open_quietly(browser, page, hash=""):
+    """Loads `page` headless: (its DOM, the DOM's text, problems), the problems being that it did
+    not finish drawing, printed a console line or started a request."""
+    with tempfile.TemporaryDirectory() as work:
+        dom_text, console, requests, _ = open_in_chromium(browser, page, work, hash=hash)
+    dom = Dom()
+    dom.feed(dom_text)
+    problems = []
+    if dom.body.get("data-rendered") != "1":
+        problems.append("the page did not finish drawing")
+    if console or requests:
+        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    return dom, dom_text, problems
+
+
 def check(gmem, browser, trace, out, shots, limits=None):
     """The checks of one trace; returns (name, [problems], note)."""
     name = os.path.basename(trace)
@@ -189,17 +204,7 @@ def check_compare(gmem, browser, first, second, out):
         return name, ["gmem report A B failed: " + made.stderr.strip()[:300]]
     expected = json.loads(subprocess.run([gmem, "summary", "--json", second], capture_output=True, text=True,
                                          timeout=600).stdout)
-    problems = []
-    with tempfile.TemporaryDirectory() as work:
-        dom_text, console, requests, _ = open_in_chromium(browser, page, work)
-    dom = Dom()
-    dom.feed(dom_text)
-    if dom.body.get("data-rendered") != "1":
-        problems.append("the page did not finish drawing")
-    if console:
-        problems.append("console: " + " | ".join(console)[:600])
-    if requests:
-        problems.append("network requests: " + ", ".join(requests)[:300])
+    dom, _, problems = open_quietly(browser, page)
     shown = dom.by_id.get("compare-peak-allocated", {}).get("attrs", {}).get("data-bytes")
     if shown != str(expected["stats"]["allocated_bytes.all.peak"]):
         problems.append("the second run's peak allocated: page %s, summary %s" % (
@@ -218,15 +223,7 @@ def check_ranks(gmem, browser, traces, out):
         return ["gmem report --ranks failed: " + made.stderr.strip()[:300]]
     expected = json.loads(subprocess.run([gmem, "summary", "--ranks", "--json"] + traces, capture_output=True,
                                          text=True, timeout=600).stdout)
-    problems = []
-    with tempfile.TemporaryDirectory() as work:
-        dom_text, console, requests, _ = open_in_chromium(browser, page, work)
-    dom = Dom()
-    dom.feed(dom_text)
-    if dom.body.get("data-rendered") != "1":
-        problems.append("the page did not finish drawing")
-    if console or requests:
-        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    dom, _, problems = open_quietly(browser, page)
     shown = dom.by_id.get("imbalance", {}).get("attrs", {})
     if shown.get("data-peak-rank") != str(expected["peak_rank"]):
         problems.append("peak rank: page %s, summary %s" % (shown.get("data-peak-rank"), expected["peak_rank"]))
@@ -255,15 +252,7 @@ def check_fit(gmem, browser, trace, out):
                           timeout=300)
     if made.returncode != 0:
         return ["gmem report --fit failed: " + made.stderr.strip()[:300]]
-    problems = []
-    with tempfile.TemporaryDirectory() as work:
-        dom_text, console, requests, _ = open_in_chromium(browser, page, work)
-    dom = Dom()
-    dom.feed(dom_text)
-    if dom.body.get("data-rendered") != "1":
-        problems.append("the page did not finish drawing")
-    if console or requests:
-        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    dom, dom_text, problems = open_quietly(browser, page)
     pick = dom.by_id.get("fit-pick", {}).get("attrs", {})
     if pick.get("data-batch-size") != "48" or pick.get("data-budget") != str(FIT["budget"]):
         problems.append("the pick: page %s" % pick)
@@ -296,14 +285,8 @@ def check_lifetimes(gmem, browser, trace, out):
             if by_site != by_life:
                 problems.append("%s axis, column %d: by site %d, by lifetime %d" % (name, c, by_site, by_life))
                 break
-    with tempfile.TemporaryDirectory() as work:
-        dom_text, console, requests, _ = open_in_chromium(browser, page, work, hash="#stack=lifetime")
-    dom = Dom()
-    dom.feed(dom_text)
-    if dom.body.get("data-rendered") != "1":
-        problems.append("the page did not finish drawing")
-    if console or requests:
-        problems.append("console: %s; requests: %s" % (" | ".join(console)[:400], ", ".join(requests)[:200]))
+    dom, _, drawn = open_quietly(browser, page, hash="#stack=lifetime")
+    problems += drawn
     if dom.by_id.get("stack-title", {}).get("text") != "Allocated memory by lifetime":
         problems.append("#stack=lifetime: the title reads %r" % dom.by_id.get("stack-title", {}).get("text"))
     if "kept across steps" not in dom.by_id.get("sites", {}).get("text", ""):
@@ -334,13 +317,8 @@ def check_zoom(gmem, browser, trace, out):
     problems = []
     if not live or {b[1] for b in live} == {b["event"] for b in data["largest"]["blocks"]}:
         problems.append("the first half's largest blocks are the trace's: a poor range for this check")
-    with tempfile.TemporaryDirectory() as work:
-        dom_text, console, requests, _ = open_in_chromium(browser, page, work, hash="#x=event&zoom=%r,%r" % (lo, hi))
-    dom = Dom()
-    dom.feed(dom_text)
-    if dom.body.get("data-rendered") != "1" or console or requests:
-        problems.append("drawn %s; console: %s; requests: %s" % (dom.body.get("data-rendered"), " | ".join(console)[:300],
-                                                                 ", ".join(requests)[:200]))
+    dom, _, drawn = open_quietly(browser, page, hash="#x=event&zoom=%r,%r" % (lo, hi))
+    problems += drawn
     if dom.by_id.get("largest-title", {}).get("text") != "Largest live blocks at the range's peak":
         problems.append("the title reads %r" % dom.by_id.get("largest-title", {}).get("text"))
     table = dom.by_id.get("largest", {}).get("text", "")
