@@ -28,7 +28,7 @@ import types
 
 from . import _lib
 from ._summary import format_bytes
-from .memory import device_index
+from .memory import _device_ordinal, device_index
 
 DEFAULT_TIMEOUT = 2.0            # seconds
 DEFAULT_MAX_OBJECTS = 50000000   # objects visited (one heap pass visits every tracked object)
@@ -1064,9 +1064,7 @@ def processes(device=None, nvml=None, proc=None):
     (another rank of the same launcher), or another, marked as a leftover when it looks like one
     (orphaned, or running this same command outside this job). nvml: an object with
     device_processes(index) -> [(pid, bytes)] (tests); proc: pid -> {"ppid", "command"} or None."""
-    index = device_index(device)
-    if index < 0:
-        index = _current_device()
+    index = _device_ordinal(device)
     proc = proc or _proc
     try:
         if nvml is None:
@@ -1131,16 +1129,6 @@ def processes(device=None, nvml=None, proc=None):
         rows.append(row)
     rows.sort(key=lambda r: -(r["bytes"] or 0))
     return Processes(index, rows)
-
-
-def _current_device():
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return torch.cuda.current_device()
-    except Exception:
-        pass
-    return 0
 
 
 def _safe_processes(device=None, nvml=None):

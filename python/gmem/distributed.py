@@ -53,19 +53,6 @@ def top_sites(device=None, top=3):
     return [(g["site"], g["bytes"]) for g in observe._top_sites(top, device)]  # no warning: rows go out now and then
 
 
-def _device_ordinal(device):
-    index = memory.device_index(device)
-    if index >= 0:
-        return index
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return torch.cuda.current_device()
-    except Exception:
-        pass
-    return 0  # gmem's first device: the current one where CUDA was never told otherwise
-
-
 def rank_row(device=None, top=3, rank=0, world_size=1):
     """This process's row: what gmem holds on `device` and what others hold there."""
     stats = memory.memory_stats(device)
@@ -73,7 +60,7 @@ def rank_row(device=None, top=3, rank=0, world_size=1):
         "rank": rank,
         "world_size": world_size,
         "host": socket.gethostname(),
-        "device": _device_ordinal(device),
+        "device": memory._device_ordinal(device),
         "allocated": stats.get("allocated_bytes.all.current", 0),
         "peak_allocated": stats.get("allocated_bytes.all.peak", 0),
         "reserved": stats.get("reserved_bytes.all.current", 0),

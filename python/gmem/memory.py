@@ -7,6 +7,7 @@ a string "cuda" or "cuda:N", or a torch.device (any object with .index).
 import collections
 import ctypes
 import numbers
+import sys
 
 from . import _lib
 from .errors import InvalidArgumentError, InvalidPointerError
@@ -44,6 +45,22 @@ def device_index(device):
     if not _lib.INT_MIN <= index <= _lib.INT_MAX:  # ctypes would wrap it to another device
         raise InvalidArgumentError("device %r: no GPU has ordinal %d" % (device, index))
     return index
+
+
+def _device_ordinal(device):
+    """The ordinal `device` names: device_index's, with the current device (-1) resolved to
+    torch's current CUDA device where torch has initialised CUDA, else 0 (gmem's first device:
+    the current one where CUDA was never told otherwise)."""
+    index = device_index(device)
+    if index >= 0:
+        return index
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+    except Exception:
+        pass
+    return 0
 
 
 def stream_handle(stream):
