@@ -195,7 +195,8 @@ def _needed_at_failure(device):
     """Allocated bytes plus the request that failed, from gmem's report of the last failure."""
     from . import observe
     try:
-        report = observe.last_oom_report(device, as_json=True)
+        # libgmem's own report: the two numbers, not the Python layer's holder search
+        report = observe._raw_oom_json(-1 if device is None else memory.device_index(device))
     except Exception:  # noqa: BLE001 (the report is a refinement; the peak is the fallback)
         return 0
     if not report:

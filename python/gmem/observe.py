@@ -261,13 +261,20 @@ def last_oom_report(device=None, as_json=False):
     from . import _holders
     if not as_json:
         return _holders._oom_text(text, dev)
-    return _holders._oom_json(json.loads(_lib.text(_c().gmem_oom_report_json, dev)), dev, text)
+    return _holders._oom_json(_raw_oom_json(dev), dev, text)
 
 
 def _raw_oom_report(dev):
     """libgmem's OOM report text, without the Python layer's sections; None if none failed."""
     text = _lib.text(_c().gmem_oom_report_text, dev)
     return text or None
+
+
+def _raw_oom_json(dev):
+    """libgmem's OOM report as a dict, without the Python layer's sections (no holder search);
+    None if none failed."""
+    text = _lib.text(_c().gmem_oom_report_json, dev)
+    return json.loads(text) if text else None
 
 
 # --- leaks ---------------------------------------------------------------------------------------
