@@ -1,7 +1,7 @@
 // The engine's fast paths and its public face. A malloc: the stream's index (the last one is
 // cached), a slab pop or a range from Backing (a best fit whose pages are all mapped and free),
 // a record. A free: the record, the slot or the range back. Everything slower (mapping,
-// stitching, waiting for streams, reclaiming) is out of line, in backing.cpp.
+// stitching, waiting for streams, reclaiming) is out of line, below Backing.
 #include <string>
 
 #include "engine/engine_impl.hpp"
@@ -24,13 +24,15 @@ std::string hex(DevicePtr ptr) {
 
 Engine::Impl::Impl(Device& device, EngineOptions options)
     : device_(device), options_(options), streams_(device),
-      backing_(device, streams_, accounting_, observer_, *this, options.page_size,
-               options.stable_pages, options.stream_handovers, options.map_ahead),
+      backing_(device, streams_, accounting_, observer_, *this, lock_,
+               {.page_size = options.page_size, .stable_pages = options.stable_pages,
+                .handovers = options.stream_handovers, .map_ahead = options.map_ahead}),
       cross_stream_(device), empty_cache_rule_(options.strict_empty_cache) {
-  backing_.set_limit(backing_.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
+  detail::ChunkSource& chunks = backing_.chunk_source();
+  chunks.set_limit(chunks.checked_limit(options.memory_limit, "EngineOptions::memory_limit"));
   backing_.set_arena_size(options.address_space);
   accounting_.stats.granularity = static_cast<std::int64_t>(backing_.granularity());
-  accounting_.stats.memory_limit = static_cast<std::int64_t>(backing_.limit());
+  accounting_.stats.memory_limit = static_cast<std::int64_t>(chunks.limit());
 }
 
 void Engine::Impl::attach(detail::EngineObserver* observer) {
@@ -90,7 +92,7 @@ void* Engine::Impl::malloc_at(void* p, std::size_t size) {
   if (range.node == detail::kNoNode)
     throw Error(Errc::invalid_argument, "malloc_at(" + hex(ptr) + ", " + std::to_string(size) +
                                             "): that range is not free in this engine's memory");
-  const StreamId stream = streams_.progress.stream(backing_.arena(range.arena).stream);
+  const StreamId stream = streams_.progress.stream(backing_.arenas()[range.arena].stream);
   Record record{.size = rounded, .requested = size, .stream = stream};
   return hand_out(note_range(range, record), record, context);
 }
@@ -213,58 +215,39 @@ void Engine::Impl::reclaim() {
   if (!cross_stream_.empty()) process_pending(true);
 }
 
-// Backing calls these from a malloc's slow path, with mutex_ held (the lock_guard in malloc):
-// the lock is released and taken again before they return, so the guard still owns it.
-void Engine::Impl::without_lock(const std::function<void()>& calls) {
-  mutex_.unlock();
-  calls();  // device calls only, and it does not throw
-  mutex_.lock();
-}
-
-void Engine::Impl::with_lock(const std::function<void()>& work) {
-  std::lock_guard lock(mutex_);
-  work();
-}
-
-void Engine::Impl::wait_for_landing() {
-  std::unique_lock lock(mutex_, std::adopt_lock);
-  landed_.wait(lock);
-  lock.release();  // still held: malloc's guard releases it
-}
-
 void Engine::Impl::empty_cache() {
   std::lock_guard lock(mutex_);
   if (!cross_stream_.empty()) process_pending(true);
   const double began = device_.host_time();
   const auto created = static_cast<std::uint64_t>(accounting_.stats.num_device_alloc);
-  const std::size_t held = backing_.chunks().held();
+  const std::size_t held = backing_.pages().chunks().held();
   // With no block live the program is done with what it held (or between passes): all goes.
   const bool keeps = empty_cache_rule_.keeps(began, created) && live_.size() > 0;
   const std::size_t keep = empty_cache_rule_.keep_bytes(backing_.interval_need_bytes());
   if (keeps) {  // what the recent steps needed stays, with the slabs kept
-    backing_.trim_to(keep, true);
+    backing_.chunk_source().trim_to(keep, true);
   } else {
     release_spare_slabs();
-    backing_.trim_to(0, true);
+    backing_.chunk_source().trim_to(0, true);
   }
-  const std::size_t now_held = backing_.chunks().held();
+  const std::size_t now_held = backing_.pages().chunks().held();
   empty_cache_rule_.called(began, created, held > now_held ? held - now_held : 0);
   backing_.begin_interval();
   ++accounting_.stats.num_empty_cache;
   accounting_.stats.empty_cache_kept_bytes =
-      keeps ? static_cast<std::int64_t>((now_held - std::min(now_held, backing_.used_pages())) *
+      keeps ? static_cast<std::int64_t>((now_held - std::min(now_held, backing_.pages().used_pages())) *
                                         backing_.granularity())
             : 0;
 }
 
 void Engine::Impl::set_memory_limit(std::size_t bytes) {
-  const std::size_t limit = backing_.checked_limit(bytes, "memory limit");
+  const std::size_t limit = backing_.chunk_source().checked_limit(bytes, "memory limit");
   std::lock_guard lock(mutex_);
-  backing_.set_limit(limit);
+  backing_.chunk_source().set_limit(limit);
   accounting_.stats.memory_limit = static_cast<std::int64_t>(limit);
-  if (backing_.chunks().held() * backing_.granularity() > limit) {
+  if (backing_.pages().chunks().held() * backing_.granularity() > limit) {
     release_spare_slabs();
-    backing_.trim_to(limit, true);
+    backing_.chunk_source().trim_to(limit, true);
   }
 }
 
@@ -274,7 +257,7 @@ void Engine::Impl::throw_bad_free(const char* call, DevicePtr ptr) const {
   if (recent_frees_.contains(ptr))
     throw Error(Errc::double_free, std::string(call) + "(" + hex(ptr) +
                                        "): this block was already freed (double free)");
-  if (backing_.in_arenas(ptr))
+  if (backing_.arenas().contains(ptr))
     throw Error(Errc::invalid_pointer,
                 std::string(call) + "(" + hex(ptr) +
                     "): not the start of a live block (an interior pointer, one past the end, "
@@ -364,7 +347,7 @@ void Engine::set_memory_fraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
     throw Error(Errc::invalid_argument,
                 "set_memory_fraction(" + std::to_string(fraction) + "): must be in (0, 1]");
-  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(impl_->backing_.device_total()));
+  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(impl_->backing_.chunk_source().device_total()));
   const std::size_t pages = bytes / impl_->backing_.granularity();
   if (pages == 0)
     throw Error(Errc::invalid_argument,
@@ -375,7 +358,7 @@ void Engine::set_memory_fraction(double fraction) {
 }
 std::size_t Engine::memory_limit() const {
   std::lock_guard lock(impl_->mutex_);
-  return impl_->backing_.limit();
+  return impl_->backing_.chunk_source().limit();
 }
 EngineOptions Engine::options() const {
   EngineOptions options = impl_->options_;

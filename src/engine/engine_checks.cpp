@@ -29,13 +29,13 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   MemoryStats s = acc.stats;
   const auto gran = static_cast<std::int64_t>(backing_.granularity());
   const auto slab_bytes = static_cast<std::int64_t>(slabs_.bytes());
-  const auto held = static_cast<std::int64_t>(backing_.chunks().held());
-  const auto spare = static_cast<std::int64_t>(backing_.chunks().spares());
-  const auto used = static_cast<std::int64_t>(backing_.used_pages());
+  const auto held = static_cast<std::int64_t>(backing_.pages().chunks().held());
+  const auto spare = static_cast<std::int64_t>(backing_.pages().chunks().spares());
+  const auto used = static_cast<std::int64_t>(backing_.pages().used_pages());
   s.chunks_held = held;
   s.chunks_mapped = held - spare;
-  s.mapped_pages = static_cast<std::int64_t>(backing_.chunks().mapped_pages());
-  s.memory_limit = static_cast<std::int64_t>(backing_.limit());
+  s.mapped_pages = static_cast<std::int64_t>(backing_.pages().chunks().mapped_pages());
+  s.memory_limit = static_cast<std::int64_t>(backing_.chunk_source().limit());
   const detail::StepPlanner::Stats& plan = backing_.plan_stats();
   s.steps_marked = static_cast<std::int64_t>(plan.steps);
   s.plans = static_cast<std::int64_t>(plan.plans);
@@ -58,7 +58,7 @@ MemoryStats Engine::Impl::stats(bool derived) const {
                          acc.stats.allocated_bytes[kAllPools].current;
   if (!derived) return s;
 
-  s.largest_free_range = static_cast<std::int64_t>(backing_.largest_free_range());
+  s.largest_free_range = static_cast<std::int64_t>(backing_.pages().largest_free_range());
   s.device_total_bytes = static_cast<std::int64_t>(device.total);
   s.device_free_bytes = static_cast<std::int64_t>(device.free);
   if (device.total > 0)
@@ -67,12 +67,18 @@ MemoryStats Engine::Impl::stats(bool derived) const {
   // Inactive split: free bytes sharing a page with used ranges (large) or a slab with live
   // slots (small); peaks are those seen by detailed_stats() calls.
   std::int64_t split_ranges = 0, split_slabs = 0;
-  const int page_shift = std::countr_zero(backing_.granularity());
-  backing_.for_each_free_range([&](const detail::Arena& arena, const detail::RangeNode& n) {
-    const DevicePtr base = arena.ranges.base();
-    const std::size_t f = (n.addr - base) >> page_shift, l = (n.addr + n.size - 1 - base) >> page_shift;
-    if (backing_.page_refs(arena, f) > 0 || backing_.page_refs(arena, l) > 0) ++split_ranges;
-  });
+  const detail::Arenas& arenas = backing_.arenas();
+  const detail::PageBacking& pages = backing_.pages();
+  for (std::uint32_t a = 0; a < arenas.size(); ++a) {
+    const detail::Arena& arena = arenas[a];
+    const detail::RangeAllocator& ranges = arena.ranges;
+    for (detail::NodeId id = ranges.first(); id != detail::kNoNode; id = ranges.node(id).next) {
+      const detail::RangeNode& n = ranges.node(id);
+      if (!n.free) continue;
+      const auto [f, l] = arenas.span(a, n.addr, n.size);
+      if (pages.refs_of(arena.pages.get(f)) > 0 || pages.refs_of(arena.pages.get(l)) > 0) ++split_ranges;
+    }
+  }
   std::int64_t small_split_bytes = 0;
   for (detail::SlabId id = 0; id < slabs_.slab_count(); ++id) {
     const detail::Slab& slab = slabs_.slab(id);
@@ -104,19 +110,20 @@ namespace {
 namespace detail {
 
 std::int64_t Backing::check_invariants() const {
+  const ChunkPool& pool = pages_.chunks();
   // Ranges tile each arena exactly; no two free neighbours; recount page references.
   std::int64_t used_large = 0;
   std::vector<std::unordered_map<std::size_t, std::uint32_t>> refs(arenas_.size());
   // Kept places (kept_places.hpp) are used ranges with no references, in no plan region.
   std::vector<std::unordered_map<NodeId, std::size_t>> kept(arenas_.size());
-  kept_.for_each([&](std::size_t bytes, const KeptPlaces::Place& place) {
-    if (place.arena >= arenas_.size() || place.arena == plan_arena_) violated("a kept place in no arena");
-    const RangeNode& n = arenas_[place.arena]->ranges.node(place.node);
+  placement_.kept().for_each([&](std::size_t bytes, const KeptPlaces::Place& place) {
+    if (place.arena >= arenas_.size() || place.arena == placement_.plan_arena()) violated("a kept place in no arena");
+    const RangeNode& n = arenas_[place.arena].ranges.node(place.node);
     if (n.free || n.addr != place.addr || n.size != bytes) violated("a kept place does not own its range");
     if (!kept[place.arena].emplace(place.node, bytes).second) violated("a place kept twice");
   });
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
-    const RangeAllocator& ranges = arenas_[a]->ranges;
+    const RangeAllocator& ranges = arenas_[a].ranges;
     DevicePtr expect = ranges.base();
     bool prev_free = false;
     std::size_t free_count = 0;
@@ -133,44 +140,44 @@ std::int64_t Backing::check_invariants() const {
       }
       if (kept[a].count(id)) continue;
       used_large += static_cast<std::int64_t>(n.size);
-      const auto [first, last] = page_span(a, n.addr, n.size);
+      const auto [first, last] = arenas_.span(a, n.addr, n.size);
       for (std::size_t i = first; i <= last; ++i) ++refs[a][i];
     }
     if (expect != ranges.base() + ranges.size()) violated("arena ranges end short");
-    if (a == plan_arena_) {  // the plan region's used ranges are all in its map, and only they
+    if (a == placement_.plan_arena()) {  // the plan region's used ranges are all in its map, and only they
       std::size_t used_ranges = 0;
       for (NodeId id = ranges.first(); id != kNoNode; id = ranges.node(id).next)
-        if (!ranges.node(id).free && (++used_ranges, !plan_region_.contains(ranges.node(id).addr, id)))
+        if (!ranges.node(id).free && (++used_ranges, !placement_.plan_region().contains(ranges.node(id).addr, id)))
           violated("a used range of the plan region is not in its map");
-      if (used_ranges != plan_region_.size()) violated("the plan region's map holds ranges not used");
+      if (used_ranges != placement_.plan_region().size()) violated("the plan region's map holds ranges not used");
     }
     if (free_count != ranges.free_ranges()) violated("free range count differs from the bins");
   }
   // Pages: references match, used pages are mapped, and pages and chunks agree on the mappings;
   // a chunk is used through one page at most (else two blocks would share memory).
   std::size_t used = 0, free_mapped = 0, mapped = 0, run_pages = 0;
-  std::vector<std::uint32_t> used_through(chunks_.slots(), 0);
+  std::vector<std::uint32_t> used_through(pool.slots(), 0);
   for (std::uint32_t a = 0; a < arenas_.size(); ++a) {
     std::size_t seen_refs = 0;
-    arenas_[a]->pages.for_each_touched([&](std::size_t i, const Page& p) {
+    arenas_[a].pages.for_each_touched([&](std::size_t i, const Page& p) {
       const auto it = refs[a].find(i);
       // A page mapped ahead of its plan's first use holds one reference more (map_ahead.cpp).
       const std::uint32_t expect = (it == refs[a].end() ? 0 : it->second) + p.ahead;
       seen_refs += it != refs[a].end();
       // A page mapped ahead is one its round booked: a round that ends gives them all back.
-      if (p.ahead && (a != plan_arena_ ||
-                      std::find(ahead_.booked.begin(), ahead_.booked.end(), i) == ahead_.booked.end()))
+      if (p.ahead && (a != placement_.plan_arena() ||
+                      std::find(ahead_.booked().begin(), ahead_.booked().end(), i) == ahead_.booked().end()))
         violated("page " + std::to_string(i) + " holds a map-ahead reference no round booked");
-      const std::uint32_t p_refs = refs_of(p);
+      const std::uint32_t p_refs = pages_.refs_of(p);
       if (p_refs != expect)
         violated("page " + std::to_string(i) + " has " + std::to_string(p_refs) +
                  " references, ranges say " + std::to_string(expect));
       if (p_refs > 0 && !p.mapped()) violated("a used page is not mapped");
       used += p_refs > 0;
       if (p.in_run) {
-        if (p.last_use >= runs_.records().size() || !runs_[p.last_use].live)
+        if (p.last_use >= pages_.runs().records().size() || !pages_.runs()[p.last_use].live)
           violated("a page is in no live run");
-        const PageRun& run = runs_[p.last_use];
+        const PageRun& run = pages_.runs()[p.last_use];
         if (run.arena != a || i < run.first || i > run.last) violated("a page is outside its run");
         if (!p.mapped() || p.aliased || !p.listed) violated("a run's page is unmapped, aliased or not listed");
         ++run_pages;
@@ -181,9 +188,9 @@ std::int64_t Backing::check_invariants() const {
       }
       ++mapped;
       free_mapped += p_refs == 0;
-      if (p.chunk >= chunks_.slots() || chunks_.at(p.chunk).handle == 0)
+      if (p.chunk >= pool.slots() || pool.at(p.chunk).handle == 0)
         violated("a page maps a chunk gmem does not hold");
-      const Chunk& c = chunks_.at(p.chunk);
+      const Chunk& c = pool.at(p.chunk);
       const PageId self = page_id(a, static_cast<std::uint32_t>(i));
       if (std::find(c.pages.begin(), c.pages.begin() + c.maps, self) == c.pages.begin() + c.maps)
         violated("a chunk does not list a page it is mapped at");
@@ -193,45 +200,45 @@ std::int64_t Backing::check_invariants() const {
     if (seen_refs != refs[a].size()) violated("a used page was never written");
   }
   std::size_t in_runs = 0;
-  const std::vector<PageRun>& runs = runs_.records();
+  const std::vector<PageRun>& runs = pages_.runs().records();
   for (const PageRun& run : runs) in_runs += run.live ? run.last - run.first + 1 : 0;
   if (in_runs != run_pages) violated("a run's pages are not all marked");
   const auto live_runs = static_cast<std::size_t>(
       std::count_if(runs.begin(), runs.end(), [](const PageRun& r) { return r.live; }));
-  if (runs.size() - runs_.unused() != live_runs || live_runs != runs_.live())
+  if (runs.size() - pages_.runs().unused() != live_runs || live_runs != pages_.runs().live())
     violated("run counts drifted");
   std::size_t held = 0, listed_maps = 0, spare = 0;
-  for (ChunkId id = 0; id < chunks_.slots(); ++id) {
-    const Chunk& c = chunks_.at(id);
+  for (ChunkId id = 0; id < pool.slots(); ++id) {
+    const Chunk& c = pool.at(id);
     if (c.handle == 0) continue;
     ++held;
     spare += c.maps == 0;
     listed_maps += c.maps;
     for (std::uint32_t k = 0; k < c.maps; ++k) {
-      const Page& p = arenas_[arena_of(c.pages[k])]->pages.get(index_of(c.pages[k]));
+      const Page& p = arenas_.page(c.pages[k]);
       if (p.chunk != id) violated("a chunk lists a page that maps another chunk");
     }
   }
-  if (used != used_pages_ || free_mapped != free_pages_) violated("used/free page counts drifted");
-  if (mapped != listed_maps || mapped != chunks_.mapped_pages()) violated("mapped page counts drifted");
-  if (held != chunks_.held() || spare != chunks_.spares()) violated("chunk counts drifted");
+  if (used != pages_.used_pages() || free_mapped != pages_.free_pages()) violated("used/free page counts drifted");
+  if (mapped != listed_maps || mapped != pool.mapped_pages()) violated("mapped page counts drifted");
+  if (held != pool.held() || spare != pool.spares()) violated("chunk counts drifted");
   // Every free chunk can be found by stitching: one of its pages is listed as freed.
-  std::vector<bool> findable(chunks_.slots(), false);
+  std::vector<bool> findable(pool.slots(), false);
   std::size_t listed = 0;
-  for (std::size_t k = freed_pages_.begin(); k < freed_pages_.end(); ++k) {
-    const PageId id = freed_pages_.at(k);
+  for (std::size_t k = pages_.freed().begin(); k < pages_.freed().end(); ++k) {
+    const PageId id = pages_.freed().at(k);
     if (id == kNoPage) continue;
-    const Page& p = arenas_[arena_of(id)]->pages.get(index_of(id));
+    const Page& p = arenas_.page(id);
     if (!p.listed) violated("a listed page is not marked so");
     ++listed;
-    if (p.mapped() && refs_of(p) == 0) findable[p.chunk] = true;
+    if (p.mapped() && pages_.refs_of(p) == 0) findable[p.chunk] = true;
   }
   std::size_t marked = 0;
-  for (const auto& arena : arenas_)
-    arena->pages.for_each_touched([&](std::size_t, const Page& p) { marked += p.listed; });
-  if (listed != freed_pages_.listed() || marked != listed) violated("freed page list and marks disagree");
-  for (ChunkId id = 0; id < chunks_.slots(); ++id) {
-    const Chunk& c = chunks_.at(id);
+  for (std::uint32_t a = 0; a < arenas_.size(); ++a)
+    arenas_[a].pages.for_each_touched([&](std::size_t, const Page& p) { marked += p.listed; });
+  if (listed != pages_.freed().listed() || marked != listed) violated("freed page list and marks disagree");
+  for (ChunkId id = 0; id < pool.slots(); ++id) {
+    const Chunk& c = pool.at(id);
     if (c.handle == 0 || c.maps == 0 || used_through[id] > 0) continue;
     if (!findable[id]) violated("a free chunk is listed nowhere");
   }
@@ -244,7 +251,7 @@ std::int64_t Backing::check_invariants() const {
 void Engine::Impl::check_invariants() const {
   // A malloc in its slow path has taken its range but not made it a block yet: check between.
   std::unique_lock lock(mutex_);
-  landed_.wait(lock, [this] { return backing_.slow_mallocs() == 0; });
+  landed_.wait(lock, [this] { return backing_.pages().claims() == 0; });
   const std::int64_t used_large = backing_.check_invariants();
   // Live blocks: each large one owns its range, each small one a distinct slot of a live slab.
   std::int64_t alloc[3] = {0, 0, 0}, count[3] = {0, 0, 0}, requested[3] = {0, 0, 0};
@@ -272,7 +279,7 @@ void Engine::Impl::check_invariants() const {
       ++slab_users[r.id];
       return;
     }
-    const detail::RangeNode& n = backing_.arena(r.arena).ranges.node(r.id);
+    const detail::RangeNode& n = backing_.arenas()[r.arena].ranges.node(r.id);
     if (n.free || n.addr != ptr || n.size != r.size) violated("block does not own its range");
     live_ranges += static_cast<std::int64_t>(r.size);
     if (r.small) small_ranges += static_cast<std::int64_t>(r.size);
@@ -282,7 +289,7 @@ void Engine::Impl::check_invariants() const {
     const detail::Slab& slab = slabs_.slab(id);
     if (!slab.live) continue;
     slab_bytes += static_cast<std::int64_t>(slab.bytes());
-    const detail::RangeNode& n = backing_.arena(slab.arena).ranges.node(slab.node);
+    const detail::RangeNode& n = backing_.arenas()[slab.arena].ranges.node(slab.node);
     if (n.free || n.addr != slab.base || n.size != slab.bytes()) violated("slab does not own its range");
     std::uint32_t free_slots = 0;
     for (std::uint64_t word : slab.free_bits) free_slots += static_cast<std::uint32_t>(std::popcount(word));
@@ -299,7 +306,7 @@ void Engine::Impl::check_invariants() const {
         acc.stats.requested_bytes[i].current != requested[i])
       violated("allocation stats differ from a recount");
   }
-  const auto held_bytes = static_cast<std::int64_t>(backing_.chunks().held() * backing_.granularity());
+  const auto held_bytes = static_cast<std::int64_t>(backing_.pages().chunks().held() * backing_.granularity());
   if (acc.stats.reserved_bytes[kAllPools].current != held_bytes) violated("reserved_bytes != chunks held");
   if (acc.stats.reserved_bytes[kSmallPool].current != slab_bytes + small_ranges)
     violated("small pool reserved != its slabs and ranges");

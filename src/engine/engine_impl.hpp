@@ -2,8 +2,8 @@
 // shared by engine.cpp (the fast paths and the public face) and engine_checks.cpp (stats and the
 // invariant check); docs/design.md describes the design and the data structures together.
 //
-//   Backing          (backing.hpp)     arenas, pages, chunks, freed pages, the clash rule: every
-//                                      device call and every placement decision
+//   Backing          (backing.hpp)     arenas, placement, pages, chunks, mapping: every device
+//                                      call and every placement decision (its parts: backing.hpp)
 //   SlabAllocator    (slab_allocator)  blocks up to 128 KiB, in slabs carved from Backing's ranges
 //   live_            (PointerMap)      each live block's Record, read and tagged by tracking too
 //   CrossStreamFrees (blocks.hpp)      record_stream: frees that wait for other streams
@@ -13,7 +13,7 @@
 //
 // Everything below mutex_ is guarded by it; tracking (src/tracking/tracker.cpp) takes it too and
 // reads live_, observer_, attach() and Backing's mapped_ranges() under it. One lock per malloc
-// is what makes tracking cheap; the only other one, Backing's mapping_calls_, orders device calls
+// is what makes tracking cheap; the only other one, MapCalls' calls_order(), orders device calls
 // made without it (a malloc's maps against another's clash unmap).
 #pragma once
 
@@ -29,6 +29,7 @@
 #include "engine/backing.hpp"
 #include "engine/blocks.hpp"
 #include "engine/empty_cache_rule.hpp"
+#include "engine/engine_lock.hpp"
 #include "engine/observer.hpp"
 #include "engine/slab_allocator.hpp"
 #include "engine/streams.hpp"
@@ -57,7 +58,7 @@ class Engine::Impl final : private detail::BackingClient {
   void attach(detail::EngineObserver* observer);  // nullptr detaches; under the lock
   // What is mapped now, as [begin, end) ranges by address (adjacent pages merged); under the lock.
   std::vector<std::pair<DevicePtr, DevicePtr>> mapped_ranges() const {
-    return backing_.mapped_ranges();
+    return backing_.arenas().mapped_ranges();
   }
 
   // Empty slabs kept (SlabAllocator): a class's first may be kept while all of them hold up to
@@ -67,7 +68,7 @@ class Engine::Impl final : private detail::BackingClient {
   static constexpr std::size_t kKeptSlabShare = 1024;
   static constexpr std::size_t kSpareFloor = 4 * detail::kSlabTarget;
   detail::SlabAllocator::KeepBudget spare_budget() const {
-    const std::size_t peak = backing_.peak_used_bytes();
+    const std::size_t peak = backing_.pages().peak_used() * backing_.granularity();
     return {std::max(peak / kFirstSpareShare, kSpareFloor), peak / kKeptSlabShare};
   }
 
@@ -75,9 +76,10 @@ class Engine::Impl final : private detail::BackingClient {
   const EngineOptions options_;  // as made; Backing holds the memory limit as it is now
   detail::CaptureHook capture_;  // read before the lock
   mutable std::mutex mutex_;     // guards everything below
-  // Signalled when a malloc's slow path ends (Backing::map_missing releases the lock while it
+  // Signalled when a malloc's slow path ends (Mapper::map_missing releases the lock while it
   // creates chunks, unmaps or waits): mallocs that need its pages, and check_invariants, wait.
   mutable std::condition_variable landed_;
+  const detail::EngineLock lock_{mutex_, landed_};  // how the parts below take and release mutex_
   detail::EngineObserver* observer_ = nullptr;  // tracking, when attached
   detail::Accounting accounting_;
   detail::Streams streams_;
@@ -123,10 +125,6 @@ class Engine::Impl final : private detail::BackingClient {
   void arena_added() override { slabs_.add_arena(); }
   void reclaim() override;
   std::size_t hand_over_held(StreamId stream) override;
-  void without_lock(const std::function<void()>& calls) override;
-  void wait_for_landing() override;
-  void landed() override { landed_.notify_all(); }
-  void with_lock(const std::function<void()>& work) override;
 };
 
 }  // namespace gmem

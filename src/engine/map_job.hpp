@@ -1,18 +1,23 @@
-// MapJob: the device calls of one malloc's slow path (Backing::map_missing), decided and booked
-// under the engine's lock and made without it.
+// MapJob: the device calls of one malloc's slow path (Mapper::map_missing) or of a map-ahead
+// batch, decided and booked under the engine's lock and made without it; MapCalls makes them and
+// lands them in the books.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <vector>
 
+#include "engine/accounting.hpp"
+#include "engine/observer.hpp"
+#include "engine/page_backing.hpp"
 #include "gmem/device.hpp"
 
 namespace gmem::detail {
 
 // The maps of one malloc's slow path and set_access over each contiguous run of them, booked
-// first and made at its end with the engine's lock released. map_missing decides everything
+// first and made at its end with the engine's lock released. The Mapper decides everything
 // under the lock (which chunk goes where; the books say so at once) and lands the job under it
 // again: a failure is rolled back from the books. Until then a page is mapped in the books but
 // not on the device, and its chunk busy through the malloc's reference.
@@ -35,6 +40,43 @@ struct MapJob {
       k = stop;
     }
   }
+};
+
+// Makes a MapJob's calls and lands them in the books. Its mutex orders the device calls made
+// without the engine's lock: the CUDA driver broke a chunk (its next cuMemMap failed with
+// CUDA_ERROR_UNKNOWN) when another thread unmapped one of its aliases between a job's cuMemMap
+// and cuMemSetAccess of it (docs/design.md#a-driver-rule). So a job and a clash unmap made
+// without the engine's lock (ChunkSource::unmap_page) hold it; the only lock besides the
+// engine's, and taken after it.
+class MapCalls {
+ public:
+  MapCalls(Device& device, PageBacking& pages, Accounting& accounting,
+           EngineObserver* const& observer, int page_shift)
+      : device_(device), pages_(pages), accounting_(accounting), observer_(observer),
+        page_shift_(page_shift) {}
+
+  // Makes the job's calls (without the engine's lock, holding calls_order()); a failure unmaps
+  // what it mapped before returning, and is kept in job.error.
+  void run(MapJob& job) noexcept;
+  // Under the lock again: the observer told of the maps made, or, when the device failed, the
+  // books taken back to what the device did (false then).
+  bool land(const MapJob& job);
+  // Takes back the books of the job's maps from pages[from] on, which the device never made.
+  void forget(const MapJob& job, std::size_t from);
+  std::mutex& calls_order() { return calls_order_; }
+
+ private:
+  DevicePtr address(const MapJob& job, std::size_t k) const {
+    return job.base + (DevicePtr{job.pages[k]} << page_shift_);
+  }
+  std::size_t page_size() const { return std::size_t{1} << page_shift_; }
+
+  Device& device_;
+  PageBacking& pages_;
+  Accounting& accounting_;
+  EngineObserver* const& observer_;
+  const int page_shift_;
+  std::mutex calls_order_;
 };
 
 }  // namespace gmem::detail

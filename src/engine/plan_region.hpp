@@ -2,12 +2,15 @@
 // malloc can tell whether its planned range is free and which free range holds it, without a walk
 // over the region's ranges: the used range with the highest start below the block's end is the
 // only one that can overlap it (used ranges never overlap, so their ends are in the same order
-// as their starts), and the range after it is the free one that holds the block.
+// as their starts), and the range after it is the free one that holds the block. Its tree nodes
+// come from a pool of its own, so that a planned malloc and free, once as many blocks have lived
+// at once before, allocate nothing.
 #pragma once
 
 #include <cstddef>
 #include <iterator>
 #include <map>
+#include <memory_resource>
 
 #include "engine/range_allocator.hpp"
 
@@ -37,7 +40,8 @@ class PlanRegion {
   }
 
  private:
-  std::map<DevicePtr, NodeId> used_;  // start -> used node
+  std::pmr::unsynchronized_pool_resource pool_;
+  std::pmr::map<DevicePtr, NodeId> used_{&pool_};  // start -> used node
 };
 
 }  // namespace gmem::detail

@@ -23,7 +23,11 @@ struct RangeNode {
   NodeId bin_prev = kNoNode, bin_next = kNoNode;  // free list of the node's bin
   std::uint16_t bin = 0;
   bool free = false;
+  // A used range's block's ordinal in its step's record (StepPlanner::taken), handed back when
+  // it is freed; set by the range's user, kept in what would be padding.
+  std::uint32_t plan_ordinal = ~std::uint32_t{0};
 };
+static_assert(sizeof(RangeNode) == 40, "plan_ordinal fits in the node's padding");
 
 class RangeAllocator {
  public:
@@ -55,6 +59,8 @@ class RangeAllocator {
   NodeId release(NodeId id);
 
   const RangeNode& node(NodeId id) const { return nodes_[id]; }
+  // Sets a used range's RangeNode::plan_ordinal (the only field its user writes).
+  void set_plan_ordinal(NodeId id, std::uint32_t ordinal) { nodes_[id].plan_ordinal = ordinal; }
   NodeId first() const { return first_; }
   DevicePtr base() const { return base_; }
   std::size_t size() const { return size_; }

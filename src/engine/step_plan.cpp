@@ -95,7 +95,7 @@ void StepPlanner::close_step() {
     if (background_ && taking_turns_ && shapes_recur() && !planning()) plan_in_background({key});
   }
   step_.clear();
-  ordinal_of_.clear();  // blocks still alive outlive the step: long-lived
+  addr_of_.clear();  // blocks still alive outlive the step: long-lived
   clock_ = 0;
   exact_ = true;
   too_long_ = false;
@@ -215,7 +215,7 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
     plan_ = nullptr;
     exact_ = false;
     std::vector<Recorded>().swap(step_);
-    ordinal_of_.clear();
+    std::vector<DevicePtr>().swap(addr_of_);
   }
   if (too_long_) [[unlikely]] return Ticket{step_number_, kNotRecorded, kOnline};
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
@@ -241,7 +241,13 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
     exact_ = plan_ != nullptr;
     stats_.followed += plan_ != nullptr;
   }
-  step_.push_back({bytes, clock_++, kAlive});
+  addr_of_.push_back(kNotTaken);  // first: a throw leaves step_ as it was
+  try {
+    step_.push_back({bytes, clock_++, kAlive});
+  } catch (...) {
+    addr_of_.pop_back();
+    throw;
+  }
   Ticket ticket{step_number_, ordinal, kOnline};
   if (plan_ == nullptr) return ticket;
   if (ordinal >= plan_->sizes.size() || plan_->sizes[ordinal] != bytes) {
@@ -263,22 +269,13 @@ std::vector<StepPlanner::PlannedBlock> StepPlanner::blocks_of_new_plan() const {
   return blocks;
 }
 
-void StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept {
+std::uint32_t StepPlanner::taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept {
   stats_.hits += planned;
   // A block whose step was marked over meanwhile outlives it: long-lived, not recorded.
-  if (ticket.step != step_number_ || ticket.ordinal == kNotRecorded) return;
-  try {
-    ordinal_of_[addr] = ticket.ordinal;
-  } catch (...) {  // the block is the caller's already: it stays unrecorded (long-lived)
-    exact_ = false;
-  }
-}
-
-void StepPlanner::released(DevicePtr addr) {
-  const auto it = ordinal_of_.find(addr);
-  if (it == ordinal_of_.end()) return;
-  step_[it->second].end = clock_++;
-  ordinal_of_.erase(it);
+  // So does one whose step's record was dropped meanwhile (too long).
+  if (ticket.step != step_number_ || ticket.ordinal >= addr_of_.size()) return kNotRecorded;
+  addr_of_[ticket.ordinal] = addr;
+  return ticket.ordinal;
 }
 
 }  // namespace gmem::detail

@@ -97,12 +97,21 @@ class StepPlanner {
   // The block of `ticket` got address `addr` (wherever it went); `planned`: at its planned
   // offset. A malloc's slow path releases the engine's lock at times, so other mallocs, frees
   // and marks may come between a request and its `taken`: the ticket says which record.
-  void taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept;
+  // Returns the block's ordinal in the step's record (kNotRecorded: long-lived, not recorded),
+  // which its free hands back to released().
+  std::uint32_t taken(const Ticket& ticket, DevicePtr addr, bool planned) noexcept;
   // A planned block could not take its offset (the range was not free): the lifetimes did not
   // hold, so the step is planned again at its end.
   void conflict() { exact_ = false; ++stats_.conflicts; }
-  // The block at `addr` was freed (any block; only this step's are recorded).
-  void released(DevicePtr addr);
+  // The block at `addr` was freed (any block; only this step's are recorded), with the ordinal
+  // taken() returned for it: O(1), no lookup. A stale ordinal (the block is an earlier step's)
+  // never matches: the step's record of that ordinal is a live block at another address.
+  void released(DevicePtr addr, std::uint32_t ordinal) {
+    if (ordinal >= addr_of_.size() || addr_of_[ordinal] != addr) return;
+    step_[ordinal].end = clock_++;
+    addr_of_[ordinal] = kNotTaken;
+  }
+  static constexpr std::uint32_t kNotRecorded = ~std::uint32_t{0};  // an ordinal of no record
 
   struct Stats {
     std::uint64_t steps = 0;       // steps marked
@@ -134,12 +143,14 @@ class StepPlanner {
     std::uint32_t start, end;  // end: kAlive until freed in the step
   };
   static constexpr std::uint32_t kAlive = ~std::uint32_t{0};
-  static constexpr std::uint32_t kNotRecorded = ~std::uint32_t{0};  // a Ticket's ordinal
 
   bool active_ = false;
   // The step being recorded, and the plan it follows (nullptr: none, or left at a mismatch).
   std::vector<Recorded> step_;
-  std::unordered_map<DevicePtr, std::uint32_t> ordinal_of_;  // this step's live blocks
+  // By ordinal: where this step's block is while it lives (kNotTaken before taken() and once
+  // freed). Its capacity stays from step to step: recording allocates nothing in steady state.
+  static constexpr DevicePtr kNotTaken = ~DevicePtr{0};
+  std::vector<DevicePtr> addr_of_;
   std::uint32_t clock_ = 0;
   std::uint64_t step_number_ = 0;  // steps marked so far
   const Plan* plan_ = nullptr;

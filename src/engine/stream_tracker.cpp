@@ -112,7 +112,7 @@ bool StreamTracker::order_after(std::uint32_t waiter, std::uint32_t index, std::
 }
 
 void StreamTracker::synchronize(EventHandle event, const Unlocked* unlocked) {
-  if (unlocked != nullptr) (*unlocked)([&] { device_.synchronize_event(event); });
+  if (unlocked != nullptr) unlocked->unlocked([&] { device_.synchronize_event(event); });
   else device_.synchronize_event(event);
 }
 

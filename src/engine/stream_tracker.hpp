@@ -8,17 +8,17 @@
 #include <array>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <vector>
 
+#include "engine/engine_lock.hpp"
 #include "gmem/device.hpp"
 
 namespace gmem::detail {
 
 class StreamTracker {
  public:
-  // Runs a blocking call with the caller's lock released, and takes the lock again.
-  using Unlocked = std::function<void(const std::function<void()>&)>;
+  // Blocking calls are made with the caller's lock released (EngineLock::unlocked).
+  using Unlocked = EngineLock;
 
   explicit StreamTracker(Device& device) : device_(device) {}
   ~StreamTracker();  // destroys the events still pending

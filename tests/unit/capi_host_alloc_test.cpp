@@ -1,7 +1,8 @@
-// No host allocation on the C API's malloc and free paths in steady state: once a program's
-// sizes have been seen, gmem_malloc / gmem_free and gmem_engine_malloc / gmem_engine_free make
-// no call to operator new. Counted by replacing global operator new in this test binary (its
-// own executable: the replacement covers libgmem.so's calls too).
+// No host allocation on the malloc and free paths in steady state: once a program's sizes have
+// been seen, gmem_malloc / gmem_free and gmem_engine_malloc / gmem_engine_free make no call to
+// operator new, nor does the engine's planned path (steps marked, plans followed: what
+// gmem.torch runs). Counted by replacing global operator new in this test binary (its own
+// executable: the replacement covers libgmem.so's calls too).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "gmem/engine.hpp"
 #include "gmem/gmem.h"
+#include "gmem/sim_device.hpp"
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -69,6 +72,36 @@ TEST(CApiHostAllocation, EngineMallocAndFreeAllocateNothingInSteadyState) {
       },
       [engine](void* p) { return gmem_engine_free(engine, p); });
   EXPECT_EQ(n, 0) << n << " operator new calls over 20 steps of 24 mallocs and frees";
+}
+
+TEST(EngineHostAllocation, MarkedStepsFollowingPlansAllocateNothingInSteadyState) {
+  // Two sequence lengths taking turns, steps marked: once both shapes are planned, every range
+  // malloc takes its planned offset (the step's record, the plan region's used ranges) and
+  // every free tells the planner; none of it may allocate.
+  gmem::SimulatedDevice device;
+  gmem::Engine engine(device);
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  std::vector<void*> blocks;
+  blocks.reserve(64);
+  auto step = [&](std::size_t length) {
+    for (int layer = 0; layer < 6; ++layer) {
+      blocks.push_back(engine.malloc(length * MiB));       // activations, kept for backward
+      void* scratch = engine.malloc(2 * length * MiB);     // a temporary
+      blocks.push_back(engine.malloc(512 * 1024 + 4096));  // a small range block
+      engine.free(scratch);
+    }
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) engine.free(*it);
+    blocks.clear();
+    engine.mark_step();
+  };
+  engine.mark_step();
+  for (int warm = 0; warm < 6; ++warm) step(warm % 2 == 0 ? 3 : 5);
+  const std::int64_t hits_before = engine.stats().plan_hits;
+  const long before = g_allocations.load();
+  for (int i = 0; i < 20; ++i) step(i % 2 == 0 ? 3 : 5);
+  const long n = g_allocations.load() - before;
+  EXPECT_EQ(engine.stats().plan_hits - hits_before, 20 * 18) << "every malloc took its planned offset";
+  EXPECT_EQ(n, 0) << n << " operator new calls over 20 planned steps of 18 mallocs and frees";
 }
 
 }  // namespace

@@ -487,11 +487,11 @@ TEST(StepPlan, StepsThatNeverRepeatKeepTheRecordsBounded) {
   planner.mark_step();
   const auto run_step = [&](std::size_t first, DevicePtr at) {
     const detail::StepPlanner::Ticket a = planner.request(first);
-    planner.taken(a, at, a.offset != detail::StepPlanner::kOnline);
+    const std::uint32_t oa = planner.taken(a, at, a.offset != detail::StepPlanner::kOnline);
     const detail::StepPlanner::Ticket b = planner.request(MiB);
-    planner.taken(b, at + 64 * MiB, b.offset != detail::StepPlanner::kOnline);
-    planner.released(at + 64 * MiB);
-    planner.released(at);
+    const std::uint32_t ob = planner.taken(b, at + 64 * MiB, b.offset != detail::StepPlanner::kOnline);
+    planner.released(at + 64 * MiB, ob);
+    planner.released(at, oa);
     planner.mark_step();
   };
   std::size_t most = 0;
@@ -514,8 +514,8 @@ TEST(StepPlan, AProgramThatStopsMarkingKeepsTheRecordBounded) {
   const auto run_step = [&](std::size_t first) {
     for (const std::size_t bytes : {first, 2 * MiB, 3 * MiB}) {
       const detail::StepPlanner::Ticket t = planner.request(bytes);
-      planner.taken(t, 0x10000000, t.offset != detail::StepPlanner::kOnline);
-      planner.released(0x10000000);
+      const std::uint32_t ordinal = planner.taken(t, 0x10000000, t.offset != detail::StepPlanner::kOnline);
+      planner.released(0x10000000, ordinal);
     }
     planner.mark_step();
   };
@@ -529,8 +529,7 @@ TEST(StepPlan, AProgramThatStopsMarkingKeepsTheRecordBounded) {
   for (std::size_t i = 0; i < detail::StepPlanner::kMaxStepMallocs + 5000; ++i) {
     const detail::StepPlanner::Ticket t = planner.request(MiB + 512 * (i % 7));
     EXPECT_EQ(t.offset, detail::StepPlanner::kOnline);
-    planner.taken(t, 0x20000000, false);
-    planner.released(0x20000000);
+    planner.released(0x20000000, planner.taken(t, 0x20000000, false));
     most = std::max(most, planner.recorded());
   }
   EXPECT_LE(most, detail::StepPlanner::kMaxStepMallocs);
@@ -554,8 +553,7 @@ TEST(StepPlan, WarmUpsAreAShapesFirstStepAndTheFirstStepOnANewPlan) {
   const auto run_step = [&](std::size_t first) {
     const detail::StepPlanner::Ticket a = planner.request(first);
     const bool warm_up = planner.warm_up();
-    planner.taken(a, at, a.offset != detail::StepPlanner::kOnline);
-    planner.released(at);
+    planner.released(at, planner.taken(a, at, a.offset != detail::StepPlanner::kOnline));
     planner.mark_step();
     EXPECT_FALSE(planner.warm_up()) << "a step's warm-up ends at its mark";
     return warm_up;
@@ -592,15 +590,15 @@ TEST(StepPlan, NewShapesAreWeighedByTheirMallocs) {
   planner.mark_step();
   const DevicePtr at = 0x10000000;
   const auto run_step = [&](std::size_t first, int mallocs) {
-    std::vector<DevicePtr> taken;
+    std::vector<std::pair<DevicePtr, std::uint32_t>> taken;
     bool warm_up = false;
     for (int k = 0; k < mallocs; ++k) {
       const detail::StepPlanner::Ticket t = planner.request(k == 0 ? first : 4 * MiB);
       if (k == 0) warm_up = planner.warm_up();
-      taken.push_back(at + static_cast<DevicePtr>(k) * 8 * MiB);
-      planner.taken(t, taken.back(), t.offset != detail::StepPlanner::kOnline);
+      const DevicePtr addr = at + static_cast<DevicePtr>(k) * 8 * MiB;
+      taken.emplace_back(addr, planner.taken(t, addr, t.offset != detail::StepPlanner::kOnline));
     }
-    for (DevicePtr p : taken) planner.released(p);
+    for (const auto& [addr, ordinal] : taken) planner.released(addr, ordinal);
     planner.mark_step();
     return warm_up;
   };
@@ -651,15 +649,17 @@ TEST(StepPlanThreads, PlansMadeInTheBackgroundAreThePlansMadeInPlace) {
     std::vector<std::size_t> offsets[2];
     for (int p = 0; p < 2; ++p) {
       detail::StepPlanner& planner = p == 0 ? background : in_place;
+      std::vector<std::uint32_t> ordinals;
       for (std::size_t k = 0; k < sizes.size(); ++k) {
         const detail::StepPlanner::Ticket t = planner.request(sizes[k]);
         offsets[p].push_back(t.offset);
-        planner.taken(t, 0x100000000 + k * 64 * MiB, t.offset != detail::StepPlanner::kOnline);
+        ordinals.push_back(planner.taken(t, 0x100000000 + k * 64 * MiB,
+                                         t.offset != detail::StepPlanner::kOnline));
         if (k % 3 == 2)  // a third are freed as the step goes (temporaries), the rest at its end
-          planner.released(0x100000000 + (k - 1) * 64 * MiB);
+          planner.released(0x100000000 + (k - 1) * 64 * MiB, ordinals[k - 1]);
       }
       for (const int k : frees)
-        if (k % 3 != 1) planner.released(0x100000000 + k * 64 * MiB);
+        if (k % 3 != 1) planner.released(0x100000000 + static_cast<std::size_t>(k) * 64 * MiB, ordinals[k]);
       planner.mark_step();
     }
     ASSERT_EQ(offsets[0], offsets[1]);
