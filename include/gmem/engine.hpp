@@ -22,7 +22,8 @@
 namespace gmem {
 
 inline constexpr std::size_t kAlignment = 512;               // every block is aligned to this
-inline constexpr std::size_t kSmallLimit = std::size_t{1} << 20;  // <= this: size-classed
+// <= this: the small pool, as PyTorch counts it (its stats); slabs serve only up to 128 KiB.
+inline constexpr std::size_t kSmallLimit = std::size_t{1} << 20;
 
 struct EngineOptions {
   // Bytes gmem may hold; 0 = the device's total memory. More than the device, or less than a

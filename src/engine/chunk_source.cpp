@@ -100,7 +100,7 @@ bool ChunkSource::make_ready(std::uint32_t arena, std::size_t index, const Page&
   return true;
 }
 
-bool ChunkSource::chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll) {
+bool ChunkSource::chunk_usable_by(ChunkId chunk, std::uint32_t stream, bool poll) {
   const Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k) {
     const std::uint32_t from = arenas_.stream_of(c.pages[k]);
@@ -136,7 +136,7 @@ ChunkId ChunkSource::steal(std::uint32_t stream, Steal how) {
   // takes from, and so on). So take the one whose pages are due last: each page's next use is
   // predicted from its last two (a training step repeats), among the oldest frees (they are
   // also the likeliest to be done on other streams).
-  // Before that, one whose pages the GPU is known to be done with (chunk_done, no event call):
+  // Before that, one whose pages the GPU is known to be done with (chunk_gpu_done, no event call):
   // a page whose chunk serves elsewhere is unmapped when next used, and the host waits there
   // for the GPU to reach the page's free if it has not yet. That wait lasts as long as the GPU
   // lags (milliseconds), a remap tens of microseconds. Most such waits followed a chunk taken on
@@ -162,7 +162,7 @@ ChunkId ChunkSource::steal(std::uint32_t stream, Steal how) {
     pages_.settle(p);
     // Stale (used again, or unmapped since), or its chunk busy through another alias (which is
     // listed itself when freed): not worth another look.
-    if (p.refs > 0 || !p.mapped() || (p.aliased && pages_.chunk_busy(p.chunk))) {
+    if (p.refs > 0 || !p.mapped() || (p.aliased && pages_.chunk_in_use(p.chunk))) {
       freed.drop(k, p);
       continue;
     }
@@ -171,9 +171,9 @@ ChunkId ChunkSource::steal(std::uint32_t stream, Steal how) {
       streams_.progress.catch_up(from, true);
       ++accounting_.stats.num_sync_all_streams;
     }
-    if (how != Steal::handed_over && !chunk_free_for(p.chunk, stream, true)) continue;
+    if (how != Steal::handed_over && !chunk_usable_by(p.chunk, stream, true)) continue;
     ++weighed;
-    const bool done = pages_.chunk_done(p.chunk);
+    const bool done = pages_.chunk_gpu_done(p.chunk);
     const std::int64_t due =
         static_cast<std::int64_t>(static_cast<std::uint32_t>(p.last_use + p.reuse - pages_.clock()));
     if (best == freed.end() || done > best_done || (done == best_done && due > best_due)) {

@@ -97,7 +97,9 @@ class ChunkSource {
   bool stable_pages() const { return options_.stable_pages; }
 
  private:
-  bool chunk_free_for(ChunkId chunk, std::uint32_t stream, bool poll);
+  // No alias of the free chunk is in use, and each was freed on a stream `stream` comes after
+  // (or, with `poll`, one an event query finds done).
+  bool chunk_usable_by(ChunkId chunk, std::uint32_t stream, bool poll);
   // A handover: makes `stream` wait on the GPU for stream `from`'s work up to free `free_seq`,
   // and counts it; false, with no call, where handovers are off or a capture forbids it.
   bool hand_over(std::uint32_t stream, std::uint32_t from, std::uint64_t free_seq);

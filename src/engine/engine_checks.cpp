@@ -219,7 +219,7 @@ std::int64_t Backing::check_invariants() const {
       if (p.chunk != id) violated("a chunk lists a page that maps another chunk");
     }
   }
-  if (used != pages_.used_pages() || free_mapped != pages_.free_pages()) violated("used/free page counts drifted");
+  if (used != pages_.used_pages() || free_mapped != pages_.mapped_free_pages()) violated("used/free page counts drifted");
   if (mapped != listed_maps || mapped != pool.mapped_pages()) violated("mapped page counts drifted");
   if (held != pool.held() || spare != pool.spares()) violated("chunk counts drifted");
   // Every free chunk can be found by stitching: one of its pages is listed as freed.

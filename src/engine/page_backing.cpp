@@ -25,7 +25,7 @@ bool PageBacking::take(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
     if (++used_pages_ > interval_peak_used_) note_peak_used();
     p.reuse = now - p.last_use;
     p.last_use = now;
-    if (p.mapped()) --free_pages_;
+    if (p.mapped()) --mapped_free_;
     // Checked in address order with refs already taken, so that one block never gets a chunk
     // twice through two of its pages.
     ready &= p.mapped() && page_ready(arena, i, p);
@@ -42,7 +42,7 @@ bool PageBacking::take(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
       r.reuse = now - r.last_use;
       r.last_use = now;
       if ((used_pages_ += n) > interval_peak_used_) note_peak_used();
-      free_pages_ -= n;
+      mapped_free_ -= n;
       if (inner_last != last) take_page(last, std::true_type{});
       if (ready) [[likely]] return true;
       end_run(run);  // the slow path looks at every page
@@ -84,7 +84,7 @@ void PageBacking::give_back(std::uint32_t arena, DevicePtr addr, std::size_t byt
       r.refs = 0;
       r.free_seq = stamp;
       used_pages_ -= n;
-      free_pages_ += n;
+      mapped_free_ += n;
       if (inner_last != last) put(last, std::true_type{});
       return;
     }
@@ -100,7 +100,7 @@ void PageBacking::drop_ref(std::uint32_t arena, std::size_t index, Page& p, bool
   if (--p.refs > 0) return;
   if (counted) --used_pages_;
   if (!p.mapped()) return;  // a failed malloc's rollback, or a map-ahead's
-  ++free_pages_;
+  ++mapped_free_;
   freed_.add(page_id(arena, static_cast<std::uint32_t>(index)), p);
 }
 
@@ -119,14 +119,14 @@ PageId PageBacking::blocking_alias(std::uint32_t arena, std::size_t index, const
   return kNoPage;
 }
 
-bool PageBacking::chunk_busy(ChunkId chunk) const {
+bool PageBacking::chunk_in_use(ChunkId chunk) const {
   const Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k)
     if (arenas_.page(c.pages[k]).refs > 0) return true;
   return false;
 }
 
-bool PageBacking::chunk_done(ChunkId chunk) const {
+bool PageBacking::chunk_gpu_done(ChunkId chunk) const {
   const Chunk& c = chunks_.at(chunk);
   for (std::uint32_t k = 0; k < c.maps; ++k)
     if (!streams_.progress.done(arenas_.stream_of(c.pages[k]), arenas_.page(c.pages[k]).free_seq))
@@ -143,7 +143,7 @@ void PageBacking::note_mapped(std::uint32_t arena, std::size_t index, ChunkId ch
   if (c.maps > 1)
     for (std::uint32_t k = 0; k < c.maps; ++k) arenas_.page(c.pages[k]).aliased = 1;
   if (p.refs == 0) {
-    ++free_pages_;
+    ++mapped_free_;
     freed_.add(id, p);
   }
 }
@@ -154,12 +154,12 @@ void PageBacking::note_unmapped(PageId id) {
   chunks_.remove_map(chunk, id);
   p.chunk = kNoChunk;
   p.aliased = 0;
-  if (p.refs == 0) --free_pages_;
+  if (p.refs == 0) --mapped_free_;
   const Chunk& c = chunks_.at(chunk);
   if (c.maps == 1) arenas_.page(c.pages[0]).aliased = 0;
   // The alias that kept the chunk busy may have been this one: list the chunk again, through a
   // page where it stays (its earlier entries may have been dropped while it was busy).
-  if (c.maps > 0 && !chunk_busy(chunk)) freed_.add(c.pages[0], arenas_.page(c.pages[0]));
+  if (c.maps > 0 && !chunk_in_use(chunk)) freed_.add(c.pages[0], arenas_.page(c.pages[0]));
 }
 
 void PageBacking::pin_used_pages() {

@@ -10,7 +10,7 @@
 //     map_ahead.hpp); a used page is mapped; a chunk is used through one of its pages at most;
 //   - Page::chunk and Chunk::pages agree; Page::aliased is set exactly when its chunk has more
 //     than one page;
-//   - used_pages() counts pages with refs > 0, free_pages() mapped pages with refs == 0;
+//   - used_pages() counts pages with refs > 0, mapped_free_pages() mapped pages with refs == 0;
 //   - every free chunk is findable through a listed page (FreedPages), so stitching sees it.
 #pragma once
 
@@ -61,10 +61,10 @@ class PageBacking {
   bool page_ready(std::uint32_t arena, std::size_t index, const Page& page) const {
     return blocking_alias(arena, index, page) == kNoPage;
   }
-  bool chunk_busy(ChunkId chunk) const;  // used through one of its pages
+  bool chunk_in_use(ChunkId chunk) const;  // used through one of its pages
   // Every page the free chunk is mapped at is known to be done on its stream (StreamTracker::
   // done): none of them waits for the GPU before an unmap.
-  bool chunk_done(ChunkId chunk) const;
+  bool chunk_gpu_done(ChunkId chunk) const;
 
   // --- the books of maps ----------------------------------------------------------------------------
   // A map made (or to be made, in flight, by a MapJob), and an unmap made.
@@ -88,7 +88,7 @@ class PageBacking {
 
   // --- counts ---------------------------------------------------------------------------------------
   std::size_t used_pages() const { return used_pages_; }  // pages with refs > 0
-  std::size_t free_pages() const { return free_pages_; }  // mapped pages with refs == 0
+  std::size_t mapped_free_pages() const { return mapped_free_; }  // mapped pages with refs == 0
   std::size_t peak_used() const { return peak_used_; }    // most pages used at once
   std::size_t interval_peak_used() const { return interval_peak_used_; }  // since begin_interval
   void begin_interval() { interval_peak_used_ = used_pages_; }
@@ -115,7 +115,7 @@ class PageBacking {
   FreedPages freed_;  // where stitching looks for free chunks
   PageRuns runs_;     // large ranges' interior pages, one record each
   std::size_t used_pages_ = 0;
-  std::size_t free_pages_ = 0;
+  std::size_t mapped_free_ = 0;
   std::size_t peak_used_ = 0;
   std::size_t interval_peak_used_ = 0;
   std::uint32_t clock_ = 0;
