@@ -99,6 +99,9 @@ PROGRAMS = {
     "continuous_batching": ("continuous_batching_step", 8),
     "eval_collect": ("eval_collect_step", 16),
     "clip_train": ("clip_train_step", 12),
+    # issue #56 item 5: BERT-base masked LM at one shape, long enough to see gmem's layout settle
+    # (fsdp2_varlen, the other program of that item, runs on several ranks: fsdp2_bench.py --capture)
+    "bert_mlm": ("bert_mlm_step", 80),
 }
 HEADER = ["action", "addr", "size", "stream", "time_us", "user_frame", "lib_frame"]
 PAUSE_S = 0.010  # on each side of a step boundary's time mark

@@ -1922,3 +1922,83 @@ def clip_train_step(torch, steps, seed=0, batch=128, size=160, tokens=77):
 
     step.shapes = ["%d x %d px + %d tokens" % (batch, size, tokens)] * steps
     return step
+
+
+# --- issue #56 item 5 (2026-11-28): BERT masked LM at one shape, FSDP2 over lengths drawn per step
+# The two programs whose live runs on an H200 the engine's next version is measured against: a
+# fixed-shape masked LM whose gmem layout took 30-60 steps to settle (and never without step
+# marks), and FSDP2 on several GPUs where gmem held least but ran 2-5% slower than native.
+
+
+def bert_mlm_step(torch, steps, seed=0, batch=16, length=512):
+    """transformers BERT-base masked LM (BertForMaskedLM(BertConfig()), random init) at one
+    shape, 16 x 512 random token ids: 15% of the positions drawn as labels (the others -100) and
+    replaced by [MASK] (id 103) in the input, bf16 autocast, AdamW; one shape every step."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = BertConfig()
+    model = BertForMaskedLM(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    mask_id = 103  # bert-base-uncased's [MASK]
+
+    def step(i):
+        ids = torch.randint(1000, config.vocab_size, (batch, length), device="cuda")
+        masked = torch.rand(ids.shape, device="cuda") < 0.15
+        labels = torch.where(masked, ids, -100)
+        inputs = torch.where(masked, mask_id, ids)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=inputs, labels=labels).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, length)] * steps
+    return step
+
+
+FSDP2_LLAMA = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                   num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                   max_position_embeddings=2048)  # TinyLlama's shape: 1.1B parameters
+FSDP2_SEQ = (256, 2048, 64)  # lengths drawn from range(256, 2048 + 1, 64)
+
+
+def fsdp2_varlen_lengths(count, seed=0):
+    """fsdp2_varlen's sequence length of each step: the same on every rank and allocator."""
+    rng = random.Random(seed)
+    lo, hi, step = FSDP2_SEQ
+    return [rng.randrange(lo, hi + 1, step) for _ in range(count)]
+
+
+def fsdp2_varlen_step(torch, steps, seed=0, batch=8):
+    """A transformers Llama of 1.1B parameters (LlamaForCausalLM(LlamaConfig(...)) of TinyLlama's
+    shape: 22 layers, 2048 wide, 32 heads, 4 KV heads, SwiGLU 5632, vocabulary 32000; random
+    init, transformers' default attention (SDPA), no cache) under FSDP2: fully_shard on each decoder layer, then on the
+    root, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), AdamW on the fp32 shards;
+    batch 8 of random tokens a rank, of a sequence length drawn per step from 256..2048
+    (multiples of 64; fsdp2_varlen_lengths, the same on every rank). Runs in a torch.distributed
+    job (torchrun: fsdp2_bench.py), a rank per GPU; alone, on a process group of one rank. The
+    model is built from `seed` on every rank; the tokens from the generator as the caller seeds
+    it (fsdp2_bench.py: 1000 + rank)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if not dist.is_initialized():
+        _one_rank_group(torch)
+    torch.manual_seed(seed)
+    config = LlamaConfig(**FSDP2_LLAMA, use_cache=False)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).train()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    lengths = fsdp2_varlen_lengths(steps, seed)
+
+    def step(i):
+        ids = torch.randint(0, config.vocab_size, (batch, lengths[i]), device="cuda")
+        loss = model(input_ids=ids, labels=ids).loss
+        return finish_training_step(optimizer, loss)
+
+    step.shapes = ["%d x %d" % (batch, t) for t in lengths]
+    return step

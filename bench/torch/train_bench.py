@@ -47,7 +47,8 @@ HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # mo
             "ddp_train", "fsdp_train", "threads_serve", "compile_serve",
             "rollout_train", "ema_train", "static_generate", "fabric_train",
             "spec_generate", "cudagraphs_varlen",
-            "weights_stream_serve", "continuous_batching", "eval_collect", "clip_train")
+            "weights_stream_serve", "continuous_batching", "eval_collect", "clip_train",
+            "bert_mlm")
 MODELS = ("gpt2", "resnet50", "llama", "gpt2_train_eval", "resnet50_train_eval") + HELD_OUT
 DEFAULT_MODELS = ("gpt2", "resnet50", "llama")
 ALLOCATORS = ("native", "expandable", "gmem")
@@ -134,7 +135,7 @@ def models_step(name, varying=True):
 # Held-out programs whose every step has the same shapes: their median step compares allocators.
 FIXED_SHAPES = {"vit", "gpt2_accum", "unet", "moe", "gpt2_compiled", "gpt2_cudagraphs",
                 "prefetch_train", "gan", "offload_train", "amp_scaler", "distill", "ddp_train",
-                "ema_train", "clip_train"}
+                "ema_train", "clip_train", "bert_mlm"}
 STEPS = {"gpt2": gpt2_step, "resnet50": resnet50_step, "llama": llama_step,
          "gpt2_train_eval": models_step("gpt2_train_eval"),
          "resnet50_train_eval": models_step("resnet50_train_eval"),
