@@ -41,9 +41,10 @@ class KeptPlaces {
   std::size_t count() const { return count_; }
   std::size_t bytes() const { return bytes_; }
 
-  // Keeps the range of `bytes` of a block born `birth` (Record::birth), freed at `now` (Backing's
-  // clock: ranges taken). Call expire() after. Births are unique until the counter wraps; should
-  // one come round again while kept, the older place is returned, for the caller to give back.
+  // Keeps the range of `bytes` of a block born `birth` (Record::birth), freed at `now`
+  // (PageBacking::clock: ranges taken). Call expire() after. Births are unique until the counter
+  // wraps; should one come round again while kept, the older place is returned, for the caller
+  // to give back.
   std::optional<Place> keep(std::size_t bytes, std::uint32_t birth, const Place& place,
                             std::uint32_t now) {
     auto& places = by_size_[bytes];

@@ -1,6 +1,6 @@
 // MapJob: the device calls of one malloc's slow path (Mapper::map_missing) or of a map-ahead
 // batch, decided and booked under the engine's lock and made without it; MapCalls makes them and
-// lands them in the books.
+// lands them in the books. Why this is safe: docs/design.md#device-calls-outside-the-lock.
 #pragma once
 
 #include <cstddef>
@@ -16,11 +16,12 @@
 
 namespace gmem::detail {
 
-// The maps of one malloc's slow path and set_access over each contiguous run of them, booked
-// first and made at its end with the engine's lock released. The Mapper decides everything
-// under the lock (which chunk goes where; the books say so at once) and lands the job under it
-// again: a failure is rolled back from the books. Until then a page is mapped in the books but
-// not on the device, and its chunk busy through the malloc's reference.
+// The maps of one malloc's slow path (or a map-ahead batch) and set_access over each contiguous
+// run of them, booked first and made at its end with the engine's lock released. The Mapper (or
+// MapAhead) decides everything under the lock (which chunk goes where; the books say so at once)
+// and lands the job under it again: a failure is rolled back from the books. Until then a page
+// is mapped in the books but not on the device, and its chunk busy through the malloc's (or the
+// batch's) reference.
 struct MapJob {
   std::uint32_t arena = 0;
   DevicePtr base = 0;                // the arena's base: read without the lock

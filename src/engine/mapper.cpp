@@ -43,8 +43,9 @@ struct SlowMalloc {
 }
 
 bool Mapper::wait_and_take_again(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
-  // Another slow malloc claims a boundary page: wait for it with no reference taken (see
-  // map_missing), then take the range's pages again; they may be ready by then.
+  // Another slow malloc claims a boundary page: wait for it with no reference taken (so that on
+  // a claimed page refs > 1 means ready: docs/design.md#device-calls-outside-the-lock), then take
+  // the range's pages again; they may be ready by then.
   pages_.give_back(arena, addr, bytes, stamp(arena));
   const auto [first, last] = arenas_.span(arena, addr, bytes);
   const bool ahead = ahead_.batch_in_flight();  // waits for map-ahead batches are counted

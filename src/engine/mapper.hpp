@@ -4,19 +4,10 @@
 //
 // Its device calls (creates, the unmap of a clashing page, a stream wait, the MapJob: up to
 // milliseconds) are made with the engine's lock released, so that other threads' mallocs and
-// frees from mapped pages go on meanwhile. Every decision is still made under the lock and in
-// the same order, so a single thread sees exactly what it saw with the calls made in place. What
-// keeps the other threads off this malloc's pages while the lock is released:
-//   - its pages hold its references, so their chunks are busy: never stolen, trimmed or unmapped
-//     by anyone else (all of that needs refs == 0), and an alias of one is not ready;
-//   - only its two boundary pages can be shared (with neighbours in the same page), and it claims
-//     them (Page::in_flight) before the lock is first released: a block that takes a claimed page
-//     is not ready (PageBacking::take) and waits here, holding no references, until the claim
-//     lands. So on a claimed page every other reference is a finished block's: refs > 1 means
-//     ready.
-// Kept under the lock: the steal's eviction unmap and its waits for other streams (the page and
-// chunk are nobody's until the books say so), and reclaiming (it walks the engine's blocks).
-// The driver's rule on unmaps between a map and its set-access: MapCalls.
+// frees from mapped pages go on meanwhile; every decision is still made under the lock. What
+// keeps other threads off this malloc's pages meanwhile (its references, and its claims on its
+// two boundary pages), what stays under the lock, and the driver's rule on unmaps (MapCalls):
+// docs/design.md#device-calls-outside-the-lock.
 #pragma once
 
 #include <cstddef>

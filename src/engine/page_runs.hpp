@@ -1,5 +1,5 @@
 // PageRuns: the interior pages of large ranges kept as one record each, so that a range taken and
-// given back again costs O(1) instead of a pass over its pages (Backing's fast path).
+// given back again costs O(1) instead of a pass over its pages (PageBacking's fast path).
 #pragma once
 
 #include <cstddef>

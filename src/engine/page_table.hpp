@@ -28,20 +28,20 @@ struct Page {
   ChunkId chunk = kNoChunk;    // the chunk mapped here; kNoChunk: nothing mapped
   static constexpr std::uint32_t kMaxClashes = 15;
   std::uint32_t refs : 22 = 0;    // used ranges overlapping the page (a few dozen at most)
-  // Mapped ahead of its plan's first use (Backing's map-ahead): one of refs is the map-ahead's,
+  // Mapped ahead of its plan's first use (MapAhead): one of refs is the map-ahead's,
   // handed to the first range that takes the page, or given back when the step ends.
   std::uint32_t ahead : 1 = 0;
   // A CUDA graph may use it (stable pages only: a pool's page under a block live during a
   // capture): it keeps its chunk until the pool's cache is emptied (Backing::pin_used_pages).
   std::uint32_t pinned : 1 = 0;
-  // Claimed by a malloc in its slow path (Backing::map_missing), which may release the engine's
-  // lock before its maps are made: not usable before it lands.
+  // Claimed by a malloc in its slow path (Mapper::map_missing) or a map-ahead batch, which
+  // release the engine's lock before their maps are made: not usable before they land.
   std::uint32_t in_flight : 1 = 0;
   std::uint32_t aliased : 1 = 0;  // the chunk is mapped at other pages too (ChunkPool)
   // How many times it had to be remapped (its chunk was busy elsewhere), up to kMaxClashes.
   std::uint32_t clashes : 4 = 0;
   std::uint32_t listed : 1 = 0;   // has an entry in the engine's FreedPages
-  // In one of Backing's page runs: refs, free_seq, last_use and reuse are the run's (this
+  // In one of PageBacking's page runs: refs, free_seq, last_use and reuse are the run's (this
   // page's are stale), and last_use holds the run's index (page_runs.hpp).
   std::uint32_t in_run : 1 = 0;
   std::uint64_t free_seq = 0;  // the latest free stamp (the arena's stream's) of the blocks on it
