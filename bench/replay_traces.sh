@@ -28,7 +28,7 @@ marks() {
     empty_cache_varlen) echo models.py:39 ;;
     amp_scaler) echo models.py:1295 ;;  # scaler.step(optimizer)
     distill) echo models.py:40 ;;  # SGD allocates nothing after its first step: zero_grad's frees
-    ddp_train|fsdp_train|rollout_train|clip_train) echo models.py:39 ;;
+    ddp_train|fsdp_train|rollout_train|clip_train|bert_mlm|fsdp2_varlen) echo models.py:39 ;;
     eval_collect) echo models.py:40 ;;  # SGD, as distill
     ema_train) echo models.py:1548 ;;  # its own optimizer.step()
     fabric_train) echo models.py:1627 ;;  # its own optimizer.step()

@@ -29,7 +29,7 @@ std::size_t checked_page_size(const Device& device, std::size_t page_size) {
 Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
                  EngineObserver* const& observer, BackingClient& client, const EngineLock& lock,
                  Options options)
-    : device_(device), streams_(streams),
+    : device_(device), streams_(streams), accounting_(accounting),
       arenas_(device, streams, client, checked_page_size(device, options.page_size)),
       placement_(arenas_), pages_(arenas_, streams),
       calls_(device, pages_, accounting, observer, arenas_.page_shift()),
@@ -208,7 +208,9 @@ void Backing::mark_step() {
   if (!placement_.planning()) chunks_.clash_rule().restart_window(device_.host_time());
   // The round ends (a batch in flight gives its pages back when it lands; its pages are booked).
   if (ahead_.under_way()) [[unlikely]] ahead_.end();
-  placement_.planner().mark_step();
+  const std::int64_t maps = accounting_.stats.num_maps;
+  placement_.planner().mark_step(static_cast<std::size_t>(maps - maps_at_mark_) * granularity());
+  maps_at_mark_ = maps;
   chunks_.follow_warm_up(placement_.planner().warm_up());
 }
 

@@ -160,6 +160,8 @@ class Backing {
 
   Device& device_;
   Streams& streams_;
+  Accounting& accounting_;
+  std::int64_t maps_at_mark_ = 0;  // maps made when the last step was marked
   Arenas arenas_;
   Placement placement_;
   PageBacking pages_;

@@ -46,10 +46,16 @@ std::size_t place_offline(std::vector<PlanBlock>& blocks) {
   return extent;
 }
 
-void StepPlanner::mark_step() {
+void StepPlanner::mark_step(std::size_t mapped_bytes) {
   // The range mallocs of the step ending here: its record, unless it made none (the record
   // still open is then the step before's).
   const std::size_t made = active_ && !closing_ ? step_.size() : 0;
+  if (made > 0 && !taking_turns_ && !first_of_shape_ && !first_on_plan_) {
+    moved_bytes_ += mapped_bytes;
+    moving_steps_ = mapped_bytes > 0 ? moving_steps_ + 1 : 0;
+    if (moving_steps_ >= kMovingSteps && largest_peak_ > 0 && moved_bytes_ >= largest_peak_)
+      taking_turns_ = true;  // plans pay: the shape's next step is planned
+  }
   if (!active_) {
     active_ = true;  // the first mark: recording starts with the next step
   } else {

@@ -10,8 +10,8 @@
 // (docs/notes/2026-11-23-shapes-taking-turns.md). A plan whose blocks' lifetimes never overlap at the
 // same address needs only its extent, one chunk per page, and a repeated step maps nothing.
 //
-// Knows offsets and ordinals only, no pages or devices: Backing asks it where a malloc goes and
-// tells it what was freed.
+// Knows offsets and ordinals only, no pages or devices: Backing asks it where a malloc goes, and
+// Placement tells it what was freed.
 #pragma once
 
 #include <array>
@@ -65,7 +65,10 @@ class StepPlanner {
   // A step ends (and the next begins). Its record stays open until the next step's first range
   // malloc (request), so that frees in between count as its own; then it is kept as its
   // shape's record (planned when the shape comes back), unless it ran its plan exactly.
-  void mark_step();
+  // `mapped_bytes`: what the step mapped (the engine counts its maps). A shape that came back
+  // and still maps is one whose online layout does not repeat; once such steps have mapped as
+  // much as a plan would map once (below), plans are followed even if no shape takes turns.
+  void mark_step(std::size_t mapped_bytes = 0);
 
   // The next range malloc of the step, of `bytes`: where the plan puts it in the plan region
   // (`offset`, or kOnline). Records it either way; `taken` follows once it has an address.
@@ -89,7 +92,7 @@ class StepPlanner {
   // beginning new shapes (this one and the two before it), the bytes of the plan region the
   // first plan will want mapped: the most that any step recorded so far held at once in blocks
   // it freed itself, which a plan's extent is at least (and, placed offline, about exactly).
-  // 0 otherwise. Backing maps that much of the region ahead, while these steps run.
+  // 0 otherwise. MapAhead maps that much of the region early, while these steps run.
   std::size_t extent_to_map_early() const {
     const bool varying = first_of_shape_ && (new_shapes_ & 1) && shapes_.size() >= 3;
     return !taking_turns_ && varying && shapes_recur() && step_.size() == 1 ? largest_peak_ : 0;
@@ -226,10 +229,23 @@ class StepPlanner {
   // repeat would otherwise keep a record of every step. Beyond it the planner starts afresh.
   static constexpr std::size_t kMaxShapes = 256;
   std::unordered_map<std::size_t, Shape> shapes_;
-  // Plans are followed only once shapes take turns: a shape comes back after another one ran. A
-  // single shape's online layout repeats by itself and settles (best fit depends on the free
-  // ranges alone), and moving it to the plan region would cost a map of every page it uses.
+  // Plans are followed once shapes take turns (a shape comes back after another one ran), or
+  // once the online layout of shapes seen before keeps moving: kMovingSteps such steps in a row
+  // mapped pages, and together they mapped as much as the largest step held at once
+  // (largest_peak_: about what its plan's extent maps, once). A single shape's online layout
+  // usually repeats by itself and settles (best fit depends on the free ranges alone), and
+  // moving it to the plan region costs a map of every page the plan uses; but where blocks of
+  // different lifetimes share pages it keeps moving for dozens of steps and settles only on
+  // chunks bought for it (BERT masked-LM, 16 x 512, on an H200: 180 maps a step for 20 steps,
+  // then 1.07 times its peak). Remapping until it has cost what the plan costs, then planning,
+  // never pays more than twice what the better of the two would have. kMovingSteps: a layout
+  // still moving after the clash rule let its pages buy chunks (at a page's fourth clash,
+  // ClashRule::kClashesToBuy) will not settle cheaply online; one that settles by then (most
+  // do: resnet50, prefetch_train, moe) stays online, where it costs no plan region.
   bool taking_turns_ = false;
+  static constexpr std::uint32_t kMovingSteps = 4;
+  std::uint32_t moving_steps_ = 0;  // steps in a row of shapes seen before that mapped pages
+  std::size_t moved_bytes_ = 0;     // what those steps mapped
   std::size_t last_shape_ = 0;  // the first request of the last step
   Stats stats_;
 };

@@ -679,5 +679,55 @@ TEST(StepPlanThreads, PlansMadeInTheBackgroundAreThePlansMadeInPlace) {
   EXPECT_EQ(b.ahead, 0u);
 }
 
+// One shape, steps marked: whether each step's blocks took planned offsets, given what each
+// step mapped (as the engine reports it at the mark).
+std::vector<bool> planned_steps(const std::vector<std::size_t>& mapped_by_step) {
+  detail::StepPlanner planner(/*background=*/false);
+  planner.mark_step();
+  std::vector<bool> planned;
+  for (const std::size_t mapped : mapped_by_step) {
+    // An activation kept for backward, a temporary, a gradient: all freed within the step.
+    const DevicePtr base = 0x10000000;
+    const std::size_t sizes[] = {8 * MiB, 16 * MiB, 4 * MiB};
+    std::uint32_t ordinals[3];
+    bool all_planned = true;
+    for (int k = 0; k < 3; ++k) {
+      const detail::StepPlanner::Ticket t = planner.request(sizes[k]);
+      all_planned &= t.offset != detail::StepPlanner::kOnline;
+      ordinals[k] = planner.taken(t, base + static_cast<DevicePtr>(k) * 64 * MiB,
+                                  t.offset != detail::StepPlanner::kOnline);
+      if (k == 1) planner.released(base + 64 * MiB, ordinals[1]);
+    }
+    planner.released(base + 128 * MiB, ordinals[2]);
+    planner.released(base, ordinals[0]);
+    planner.mark_step(mapped);
+    planned.push_back(all_planned);
+  }
+  return planned;
+}
+
+TEST(StepPlan, OneShapeWhoseOnlineLayoutKeepsMovingIsPlanned) {
+  // The first step is the shape's warm-up; from the second, steps that still map count. After
+  // four in a row that together mapped the step's peak (24 MiB here), its next step is the
+  // first on a plan, and the ones after follow it.
+  const std::vector<bool> planned = planned_steps({64 * MiB, 8 * MiB, 8 * MiB, 8 * MiB, 8 * MiB, 0, 0, 0});
+  EXPECT_EQ(planned, (std::vector<bool>{false, false, false, false, false, true, true, true}));
+}
+
+TEST(StepPlan, OneShapeWhoseOnlineLayoutSettlesStaysOnline) {
+  // A step that maps nothing ends the run: three moving steps at a time never plan, however
+  // much they map.
+  std::vector<std::size_t> mapped;
+  for (int round = 0; round < 4; ++round)
+    for (const std::size_t m : {GiB, GiB, GiB, std::size_t{0}}) mapped.push_back(m);
+  for (const bool p : planned_steps(mapped)) EXPECT_FALSE(p);
+}
+
+TEST(StepPlan, OneShapeThatMovesLessThanItsPlanWouldMapStaysOnline) {
+  // Moving every step, but by less in all than the plan's extent would map once: remapping is
+  // still the cheaper of the two.
+  for (const bool p : planned_steps(std::vector<std::size_t>(12, 2 * MiB))) EXPECT_FALSE(p);
+}
+
 }  // namespace
 }  // namespace gmem
