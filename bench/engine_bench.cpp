@@ -4,6 +4,9 @@
 //   BM_MallocFreePair/<bytes>   malloc then free of one size, after warm-up (cached mapping)
 //   BM_RandomChurn              1000 live blocks, log-uniform 512 B..64 MiB; each op frees a
 //                               random slot and allocates a new size into it
+//   BM_PlannedSteps             steps marked, two shapes taking turns (a training loop under
+//                               gmem.torch with varying lengths): every range malloc takes its
+//                               planned offset; an item is one malloc and its free
 //
 // The counter device_calls counts device calls made while timing: a warm steady state makes none.
 #include <benchmark/benchmark.h>
@@ -73,6 +76,36 @@ void BM_MallocFreePair(benchmark::State& state) {
   state.counters["device_calls"] = static_cast<double>(total_device_calls(device));
 }
 BENCHMARK(BM_MallocFreePair)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->Arg(int64_t{4} << 30);
+
+void BM_PlannedSteps(benchmark::State& state) {
+  gmem::SimulatedDevice device;
+  gmem::Engine engine(device);
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  std::vector<void*> kept;
+  kept.reserve(64);
+  std::size_t mallocs = 0;
+  auto step = [&](std::size_t length) {
+    for (int layer = 0; layer < 12; ++layer) {
+      kept.push_back(engine.malloc(length * MiB));         // an activation, kept for backward
+      void* scratch = engine.malloc(2 * length * MiB);     // a temporary
+      kept.push_back(engine.malloc(256 * 1024 + 4096));    // a small range block
+      engine.free(scratch);
+    }
+    for (auto it = kept.rbegin(); it != kept.rend(); ++it) engine.free(*it);
+    kept.clear();
+    engine.mark_step();
+    mallocs += 36;
+  };
+  engine.mark_step();
+  for (int warm = 0; warm < 8; ++warm) step(warm % 2 == 0 ? 3 : 5);
+  device.reset_call_counts();
+  mallocs = 0;
+  int i = 0;
+  for (auto _ : state) step(++i % 2 == 0 ? 3 : 5);
+  state.SetItemsProcessed(static_cast<std::int64_t>(mallocs));
+  state.counters["device_calls"] = static_cast<double>(total_device_calls(device));
+}
+BENCHMARK(BM_PlannedSteps);
 
 void BM_RandomChurn(benchmark::State& state) {
   const ChurnPlan& plan = churn_plan();
