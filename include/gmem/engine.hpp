@@ -80,8 +80,6 @@ struct BlockInfo {
   bool small = false;
 };
 
-class Tracker;  // gmem/tracker.hpp
-
 class Engine final {
  public:
   explicit Engine(Device& device, EngineOptions options = {});
@@ -155,9 +153,11 @@ class Engine final {
 
   Device& device() const;
 
- private:
-  friend class Tracker;  // records into the engine's own block records, under its lock
+  // The engine's internals (src/engine/engine_impl.hpp), named so that gmem's own layers reach
+  // them through src/engine/ (tracking: locked_engine.hpp) with no friend; incomplete elsewhere.
   class Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,8 +11,8 @@
 //   Accounting       (accounting.hpp)  MemoryStats and the byte totals behind it
 //   Streams          (streams.hpp)     each stream's index, arenas, and progress
 //
-// Everything below mutex_ is guarded by it; tracking (src/tracking/tracker.cpp) takes it too and
-// reads live_, observer_, attach() and Backing's mapped_ranges() under it. One lock per malloc
+// Everything below mutex_ is guarded by it; tracking takes it only through a LockedEngine
+// (locked_engine.hpp), which attaches, and reads and tags live_'s records. One lock per malloc
 // is what makes tracking cheap; the only other one, MapCalls' calls_order(), orders device calls
 // made without it (a malloc's maps against another's clash unmap).
 #pragma once
@@ -41,6 +41,9 @@ class Engine::Impl final : private detail::BackingClient {
  public:
   Impl(Device& device, EngineOptions options);
   ~Impl() { backing_.stop_map_ahead(); }  // its thread takes the lock: before anything goes
+  // The Impl behind a public Engine, for gmem's own layers that work on the engine's internals
+  // (LockedEngine): a nested class may read Engine's private members, so no friend is needed.
+  static Impl& of(Engine& engine) noexcept { return *engine.impl_; }
 
   void* malloc(std::size_t size, StreamId stream);
   void* malloc_at(void* ptr, std::size_t size);

@@ -1,4 +1,5 @@
-// The tracker: its log lives in the engine (tracking_log.hpp) and is read under the engine's lock.
+// The tracker: its log lives in the engine (tracking_log.hpp) and is read under the engine's lock,
+// taken through a LockedEngine (engine/locked_engine.hpp), which is all tracking sees of it.
 // Everything that formats strings (reading state, leak detection) copies what it needs under the
 // lock and works outside it.
 #include "gmem/tracker.hpp"
@@ -10,7 +11,7 @@
 #include <unordered_map>
 
 #include "common/python_frames.hpp"
-#include "engine/engine_impl.hpp"
+#include "engine/locked_engine.hpp"
 #include "tracking/clock.hpp"
 #include "tracking/tracking_log.hpp"
 
@@ -50,35 +51,35 @@ std::string site_of(ScopeId scope, FramesId frames_id) {
 
 class Tracker::Impl {
  public:
-  Impl(Engine::Impl& engine, Engine& owner, TrackerOptions options)
-      : engine_(engine), owner_(owner), options_(options),
+  Impl(Engine& engine, TrackerOptions options)
+      : engine_(engine), options_(options),
         log_(options, options.capture_backtrace ? &frames::capture_backtrace : &frames::capture_python) {
     detail::tick_origin();
     start_tick_ = detail::ticks();
-    std::lock_guard lock(engine_.mutex_);
-    if (engine_.observer_ != nullptr)
+    detail::LockedEngine locked(engine_);
+    if (locked.has_observer())
       throw Error(Errc::invalid_argument, "this engine already has a tracker attached");
     // Tags left by an earlier tracker are not ours: those blocks count as untracked.
-    engine_.live_.for_each_mutable([](std::uintptr_t, detail::Record& r) { r.tag = {}; });
+    locked.for_each_tag([](detail::BlockTag& tag) { tag = {}; });
     // The maps made before attaching are state, not history: no events for them.
-    for (const auto& [begin, end] : engine_.mapped_ranges()) log_.mapped_.add(begin, end);
-    engine_.attach(&log_);
+    for (const auto& [begin, end] : locked.mapped_ranges()) log_.mapped_.add(begin, end);
+    locked.attach(&log_);
     attached_ = true;
   }
 
   void detach() {
-    std::lock_guard lock(engine_.mutex_);
+    detail::LockedEngine locked(engine_);
     if (!attached_) return;
-    engine_.attach(nullptr);
+    locked.attach(nullptr);
     attached_ = false;
   }
 
-  // Calls visit(addr, record) for each live block this tracker saw allocated; under the lock.
+  // Calls visit(block) for each live block this tracker saw allocated; `locked`: its lock.
   template <class Visit>
-  void for_each_tracked(Visit visit) const {
+  void for_each_tracked(const detail::LockedEngine& locked, Visit visit) const {
     if (!attached_) return;
-    engine_.live_.for_each([&](std::uintptr_t key, const detail::Record& r) {
-      if (r.tag.id != 0) visit(key, r);
+    locked.for_each_block([&](const detail::LiveBlock& b) {
+      if (b.tag.id != 0) visit(b);
     });
   }
 
@@ -96,10 +97,10 @@ class Tracker::Impl {
     std::vector<Tracked> live;
     std::uint64_t tick = 0;
     {
-      std::lock_guard lock(engine_.mutex_);
-      for_each_tracked([&](std::uintptr_t key, const detail::Record& r) {
-        live.push_back({key, r.tag.id, r.size, r.tag.tick, r.tag.scope, r.tag.frames,
-                        (r.tag.flags & detail::kSavedForBackward) != 0});
+      detail::LockedEngine locked(engine_);
+      for_each_tracked(locked, [&](const detail::LiveBlock& b) {
+        live.push_back({b.addr, b.tag.id, b.size, b.tag.tick, b.tag.scope, b.tag.frames,
+                        (b.tag.flags & detail::kSavedForBackward) != 0});
       });
       log_.step();
       tick = log_.tick_;
@@ -144,14 +145,14 @@ class Tracker::Impl {
   }
 
   TrackerState state() const {
-    std::vector<std::pair<std::uintptr_t, detail::Record>> live;
+    std::vector<detail::LiveBlock> live;
     std::vector<detail::RawEvent> events;
     std::deque<std::string> notes;
     TrackerState out;
     std::uint64_t first_note = 0;
     {
-      std::lock_guard lock(engine_.mutex_);
-      for_each_tracked([&](std::uintptr_t key, const detail::Record& r) { live.emplace_back(key, r); });
+      detail::LockedEngine locked(engine_);
+      for_each_tracked(locked, [&](const detail::LiveBlock& b) { live.push_back(b); });
       events.reserve(log_.ring_.size());
       log_.ring_.for_each([&](const detail::RawEvent& e) { events.push_back(e); });
       notes = log_.notes_;
@@ -168,13 +169,13 @@ class Tracker::Impl {
     }
     const detail::TickClock clock = detail::TickClock::make();
     std::sort(live.begin(), live.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+              [](const auto& a, const auto& b) { return a.addr < b.addr; });
     out.live.reserve(live.size());
-    for (const auto& [key, r] : live)
-      out.live.push_back(LiveAllocation{key, r.tag.id, r.size, r.requested, r.stream,
-                                        clock.wall_ns(r.tag.tick), r.tag.step, r.tag.scope,
-                                        r.tag.frames,
-                                        (r.tag.flags & detail::kSavedForBackward) != 0});
+    for (const detail::LiveBlock& b : live)
+      out.live.push_back(LiveAllocation{b.addr, b.tag.id, b.size, b.requested, b.stream,
+                                        clock.wall_ns(b.tag.tick), b.tag.step, b.tag.scope,
+                                        b.tag.frames,
+                                        (b.tag.flags & detail::kSavedForBackward) != 0});
     out.history.reserve(events.size());
     for (const detail::RawEvent& e : events) {
       HistoryEvent h;
@@ -205,23 +206,22 @@ class Tracker::Impl {
   // (scope, frames, size) of every live allocation, for grouping outside the lock.
   std::vector<LiveAllocation> live_sites() const {
     std::vector<LiveAllocation> out;
-    std::lock_guard lock(engine_.mutex_);
-    for_each_tracked([&](std::uintptr_t key, const detail::Record& r) {
+    detail::LockedEngine locked(engine_);
+    for_each_tracked(locked, [&](const detail::LiveBlock& b) {
       LiveAllocation a;
-      a.addr = key;
-      a.size = r.size;
-      a.scope = r.tag.scope;
-      a.frames = r.tag.frames;
+      a.addr = b.addr;
+      a.size = b.size;
+      a.scope = b.tag.scope;
+      a.frames = b.tag.frames;
       out.push_back(a);
     });
     return out;
   }
 
-  Engine::Impl& engine_;
-  Engine& owner_;
+  Engine& engine_;
   TrackerOptions options_;
   std::uint64_t start_tick_ = 0;  // when tracking began
-  // --- under engine_.mutex_ ---
+  // --- under the engine's lock (a LockedEngine) ---
   detail::TrackingLog log_;
   bool attached_ = false;
   // --- under detector_mutex_ (taken before the engine's when both are needed) ---
@@ -237,24 +237,24 @@ class Tracker::Impl {
 };
 
 Tracker::Tracker(Engine& engine, TrackerOptions options)
-    : impl_(std::make_unique<Impl>(*engine.impl_, engine, options)) {}
+    : impl_(std::make_unique<Impl>(engine, options)) {}
 Tracker::~Tracker() { impl_->detach(); }
 
 void Tracker::detach() { impl_->detach(); }
 void Tracker::step() { impl_->step(); }
 void Tracker::annotate(std::string_view text) {
   std::string note(text);
-  std::lock_guard lock(impl_->engine_.mutex_);
+  detail::LockedEngine locked(impl_->engine_);
   impl_->log_.note(EventKind::annotation, std::move(note), 0, 0, 0);
 }
 
 bool Tracker::mark_saved(std::uintptr_t addr, bool saved) {
-  std::lock_guard lock(impl_->engine_.mutex_);
+  detail::LockedEngine locked(impl_->engine_);
   if (!impl_->attached_) return false;
-  detail::Record* record = impl_->engine_.live_.find(addr);
-  if (record == nullptr || record->tag.id == 0) return false;
-  if (saved) record->tag.flags |= detail::kSavedForBackward;
-  else record->tag.flags &= ~detail::kSavedForBackward;
+  detail::BlockTag* tag = locked.find_tag(addr);
+  if (tag == nullptr || tag->id == 0) return false;
+  if (saved) tag->flags |= detail::kSavedForBackward;
+  else tag->flags &= ~detail::kSavedForBackward;
   return true;
 }
 
@@ -264,28 +264,28 @@ void Tracker::note_backward() {
   impl_->leaks_.on_backward();
 }
 
-Engine& Tracker::engine() const noexcept { return impl_->owner_; }
+Engine& Tracker::engine() const noexcept { return impl_->engine_; }
 const TrackerOptions& Tracker::options() const noexcept { return impl_->options_; }
 
 std::uint64_t Tracker::current_step() const {
-  std::lock_guard lock(impl_->engine_.mutex_);
+  detail::LockedEngine locked(impl_->engine_);
   return impl_->log_.step_;
 }
 std::size_t Tracker::live_count() const {
   std::size_t count = 0;
-  std::lock_guard lock(impl_->engine_.mutex_);
-  impl_->for_each_tracked([&](std::uintptr_t, const detail::Record&) { ++count; });
+  detail::LockedEngine locked(impl_->engine_);
+  impl_->for_each_tracked(locked, [&](const detail::LiveBlock&) { ++count; });
   return count;
 }
 std::size_t Tracker::live_bytes() const {
   std::size_t bytes = 0;
-  std::lock_guard lock(impl_->engine_.mutex_);
-  impl_->for_each_tracked([&](std::uintptr_t, const detail::Record& r) { bytes += r.size; });
+  detail::LockedEngine locked(impl_->engine_);
+  impl_->for_each_tracked(locked, [&](const detail::LiveBlock& b) { bytes += b.size; });
   return bytes;
 }
 TrackerState Tracker::state() const { return impl_->state(); }
 std::optional<OomInfo> Tracker::last_oom() const {
-  std::lock_guard lock(impl_->engine_.mutex_);
+  detail::LockedEngine locked(impl_->engine_);
   return impl_->log_.last_oom_;
 }
 
