@@ -32,8 +32,11 @@ SOURCES = {
     # ... and as README's first command prints it (100 columns and the legend).
     "replay_default": "bench/results/2026-11-28-vm-replay-default.txt",
     # The latest scripts/gpu-check on an H200: .json for the numbers, .txt for the printed table.
-    "gpu_json": "bench/results/2026-11-28-nvidia-h200-session30.json",
-    "gpu_txt": "bench/results/2026-11-28-nvidia-h200-session30.txt",
+    "gpu_json": "bench/results/2026-11-28-nvidia-h200-engine-v3.json",
+    "gpu_txt": "bench/results/2026-11-28-nvidia-h200-engine-v3.txt",
+    # train_bench.py's Llama under native and gmem alternated on the same GPU right after that
+    # gpu-check (None: none was run); its totals are quoted under the table.
+    "llama_ab": "bench/results/2026-11-28-nvidia-h200-engine-v3-llama-ab.jsonl",
     # An OOM report as the current build prints it (the leak under a cap, on the simulated device).
     "oom": "bench/results/2026-11-28-vm-oom-report.txt",
     # gmem.fit_batch_size on an H200: the table of bench/torch/fit_suite.sh, and what the fit and
@@ -163,6 +166,15 @@ def block_train(doc):
     out.append("Median step (Llama: the 10 timed steps in all) and peak reserved over peak allocated, "
                "%s, torch %s, %s, `scripts/gpu-check` at %s (%s)." % (
                    d["device"], d["torch"], d["date"], commit, link(SOURCES["gpu_txt"], doc)))
+    if SOURCES.get("llama_ab"):
+        runs = [json.loads(l) for l in read(SOURCES["llama_ab"]).splitlines() if l.strip()]
+        totals = {a: [r["total_ms"] / 1000 for r in runs if r["allocator"] == a] for a in ("native", "gmem")}
+        out.append("")
+        out.append("Llama again, native and gmem alternated %d times on the same GPU right after: "
+                   "native %s s, gmem %s s (gmem / native %.3f in all; %s)." % (
+                       len(totals["gmem"]), ", ".join("%.2f" % t for t in totals["native"]),
+                       ", ".join("%.2f" % t for t in totals["gmem"]),
+                       sum(totals["gmem"]) / sum(totals["native"]), link(SOURCES["llama_ab"], doc)))
     return "\n".join(out)
 
 
