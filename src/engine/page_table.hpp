@@ -32,7 +32,7 @@ struct Page {
   // handed to the first range that takes the page, or given back when the step ends.
   std::uint32_t ahead : 1 = 0;
   // A CUDA graph may use it (stable pages only: a pool's page under a block live during a
-  // capture): it keeps its chunk until the pool's cache is emptied (Backing::pin_used_pages).
+  // capture): it keeps its chunk until the pool's cache is emptied (PageBacking::pin_used_pages).
   std::uint32_t pinned : 1 = 0;
   // Claimed by a malloc in its slow path (Mapper::map_missing) or a map-ahead batch, which
   // release the engine's lock before their maps are made: not usable before they land.

@@ -72,7 +72,7 @@ void StreamTracker::complete_through(std::uint32_t index, std::uint64_t seq) {
   if (seq > s.completed) s.completed = seq;
 }
 
-bool StreamTracker::wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked) {
+bool StreamTracker::wait_for(std::uint32_t index, std::uint64_t seq, const EngineLock* unlocked) {
   if (done(index, seq)) return true;
   if (untouchable(index)) return false;
   streams_[index].marking = true;
@@ -111,12 +111,12 @@ bool StreamTracker::order_after(std::uint32_t waiter, std::uint32_t index, std::
   return true;
 }
 
-void StreamTracker::synchronize(EventHandle event, const Unlocked* unlocked) {
+void StreamTracker::synchronize(EventHandle event, const EngineLock* unlocked) {
   if (unlocked != nullptr) unlocked->unlocked([&] { device_.synchronize_event(event); });
   else device_.synchronize_event(event);
 }
 
-bool StreamTracker::catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked) {
+bool StreamTracker::catch_up(std::uint32_t index, bool wait, const EngineLock* unlocked) {
   Stream& s = streams_[index];
   if (s.completed >= s.seq) return true;
   if (untouchable(index)) return false;

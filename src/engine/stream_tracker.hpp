@@ -17,8 +17,6 @@ namespace gmem::detail {
 
 class StreamTracker {
  public:
-  // Blocking calls are made with the caller's lock released (EngineLock::unlocked).
-  using Unlocked = EngineLock;
 
   explicit StreamTracker(Device& device) : device_(device) {}
   ~StreamTracker();  // destroys the events still pending
@@ -68,13 +66,13 @@ class StreamTracker {
   // events; with `wait`, blocks until the stream has caught up. Returns true when all of the
   // stream's frees so far are done. With `unlocked`, the wait is made through it: other threads
   // may use the tracker meanwhile (and complete the very event waited on).
-  bool catch_up(std::uint32_t index, bool wait, const Unlocked* unlocked = nullptr);
+  bool catch_up(std::uint32_t index, bool wait, const EngineLock* unlocked = nullptr);
   // Blocks until stream `index` has done its work up to free `seq`, and no further than the
   // first event recorded after it: memory freed a while ago (a page that must be unmapped before
   // a block can use it) is waited for only as long as the GPU still needs it, not until the
   // stream has run out of work. Returns true when it is done (a device error throws); false
   // only for a capturing stream (set_capturing), whose work is not known to be done.
-  bool wait_for(std::uint32_t index, std::uint64_t seq, const Unlocked* unlocked = nullptr);
+  bool wait_for(std::uint32_t index, std::uint64_t seq, const EngineLock* unlocked = nullptr);
 
   // A CUDA graph is being captured (or no longer). An event recorded on a capturing stream is a
   // node of the graph, completed at once, which would read as the stream having caught up, and
@@ -131,7 +129,7 @@ class StreamTracker {
   // Work up to free `seq` is done: the pending events up to it are done too, and go spare.
   void complete_through(std::uint32_t index, std::uint64_t seq);
   // Blocks until `event` completes, through `unlocked` when given (the caller's lock released).
-  void synchronize(EventHandle event, const Unlocked* unlocked);
+  void synchronize(EventHandle event, const EngineLock* unlocked);
 
   Device& device_;
   std::vector<Stream> streams_;
