@@ -22,6 +22,8 @@ DOCUMENTED = (
     ("gmem.observe", "gmem."),
     ("gmem._summary", "gmem."),
     ("gmem._holders", "gmem."),
+    ("gmem._holder_results", "gmem."),
+    ("gmem._processes", "gmem."),
     ("gmem.fit", "gmem."),
     ("gmem._fit_run", "gmem."),
     ("gmem.levers", "gmem."),
