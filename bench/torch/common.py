@@ -2,7 +2,9 @@
 
 import json
 import os
+import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -30,6 +32,28 @@ def emit(record, out=None):
     if out:
         with open(out, "a") as f:
             f.write(line + "\n")
+
+
+def torchrun(script, gpus, script_args=(), module=None, env=None, timeout=300):
+    """Runs `script --worker SCRIPT_ARGS` on `gpus` ranks of one host (through `python -m
+    module` when given), with the gmem package and this folder on PYTHONPATH and `env` over the
+    environment. Returns (exit code, or None when it timed out; its output; seconds)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(gpus)]
+    command += ["-m", module, os.path.abspath(script)] if module else [os.path.abspath(script)]
+    command += ["--worker"] + list(script_args)
+    environment = dict(os.environ, **(env or {}))
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [PYTHON_DIR, HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    environment.setdefault("PYTHONUNBUFFERED", "1")
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(command, env=environment, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
+        return done.returncode, done.stdout, time.monotonic() - t0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out, time.monotonic() - t0
 
 
 def read_json_lines(path):

@@ -31,11 +31,10 @@ import io
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 
-from common import HERE, PYTHON_DIR, emit, read_json_lines
+from common import emit, read_json_lines, torchrun
 
 MODELS = ("gpt2_ddp", "llama_fsdp")
 ALLOCATORS = ("native", "expandable", "gmem", "native2")
@@ -97,26 +96,6 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def torchrun(gpus, script_args, module=None, env=None, timeout=300):
-    """Runs this script's worker on `gpus` ranks (through `python -m module` when given)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(gpus)]
-    command += ["-m", module, os.path.abspath(__file__)] if module else [os.path.abspath(__file__)]
-    command += ["--worker"] + script_args
-    environment = dict(os.environ, **(env or {}))
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [PYTHON_DIR, HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    environment.setdefault("PYTHONUNBUFFERED", "1")
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run(command, env=environment, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
-        return done.returncode, done.stdout, time.monotonic() - t0
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return None, out, time.monotonic() - t0
-
-
 def rank_rows(records, model, allocator):
     """The last row of each rank for the model under the allocator (a file may hold earlier
     runs: JSON lines are appended)."""
@@ -160,8 +139,8 @@ def table(records, models=MODELS):
 def oom_check(gpus, out_file, timeout):
     """A rank runs out of memory under `torchrun -m gmem.run`: its report names it and shows the
     other ranks' rows, and the job ends. Returns whether it did."""
-    code, output, took = torchrun(gpus, ["--model", "gpt2_ddp", "--allocator", "gmem-run",
-                                         "--steps", "3", "--oom-at", "2", "--oom-rank", "1"],
+    code, output, took = torchrun(__file__, gpus, ["--model", "gpt2_ddp", "--allocator", "gmem-run",
+                                                   "--steps", "3", "--oom-at", "2", "--oom-rank", "1"],
                                   module="gmem.run", timeout=timeout)
     said = re.search(r"rank 1 of %d ran out of memory" % gpus, output) is not None
     # The table's row of rank 0 (what it published at its last optimizer step).
@@ -213,8 +192,8 @@ def main():
         for allocator in args.allocators.split(","):
             env = {"expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}.get(
                 allocator, {})
-            code, output, took = torchrun(gpus, ["--model", model, "--allocator", allocator,
-                                                 "--steps", str(args.steps), "--out", out_file],
+            code, output, took = torchrun(__file__, gpus, ["--model", model, "--allocator", allocator,
+                                                           "--steps", str(args.steps), "--out", out_file],
                                           env=env, timeout=args.timeout)
             rows = rank_rows(read_json_lines(out_file), model, allocator)
             bad = [r["rank"] for r in rows if any(l != l or abs(l) == float("inf")

@@ -27,11 +27,10 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-from common import HERE, PYTHON_DIR, emit, read_json_lines
+from common import emit, read_json_lines, torchrun
 
 MODELS = ("fsdp2_varlen",)
 GMEM_PER_STEP = {  # record key: gmem statistic, its increase over each step
@@ -148,23 +147,6 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def torchrun(gpus, env, timeout):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(gpus), os.path.abspath(__file__), "--worker"]
-    environment = dict(os.environ, **env)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [PYTHON_DIR, HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    environment.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run(command, env=environment, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, universal_newlines=True, timeout=timeout)
-        return done.returncode, done.stdout, time.monotonic() - t0
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return None, out, time.monotonic() - t0
-
-
 def last_map_step(maps):
     """The last step (counted from 0) that mapped, or None when none did."""
     mapped = [i for i, n in enumerate(maps) if n]
@@ -229,7 +211,7 @@ def main():
     runs = ["native"] if args.capture else args.runs.split(",")
     failed = 0
     for index, allocator in enumerate(runs):
-        env = {}
+        env = dict(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         if allocator == "expandable":
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         if allocator == "gmem-nomarks":
@@ -244,7 +226,7 @@ def main():
             os.makedirs(args.capture, exist_ok=True)
             worker_args["trace_dir"] = os.path.abspath(args.capture)
         env[WORKER_ENV] = json.dumps(worker_args)
-        code, output, took = torchrun(gpus, env, args.timeout)
+        code, output, took = torchrun(__file__, gpus, env=env, timeout=args.timeout)
         rows = [r for r in read_json_lines(out_file) if r.get("kind") == "fsdp2" and
                 r.get("run") == run and r.get("allocator") == allocator]
         ok = code == 0 and len(rows) >= gpus
