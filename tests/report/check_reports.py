@@ -68,6 +68,14 @@ class Dom(html.parser.HTMLParser):
                 self.by_id[element]["text"] += data
 
 
+def page_data(page):
+    """The data a report page draws from (its gmem-data script element), as the page reads it."""
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index('id="gmem-data">') + len('id="gmem-data">')
+    return json.loads(text[start:text.index("</script>", start)])
+
+
 def open_in_chromium(browser, page, work, png=None, hash=""):
     """Loads `page` headless: (DOM after the scripts ran, console lines, page-started requests, s),
     and takes a screenshot into `png` when given."""
@@ -271,10 +279,7 @@ def check_lifetimes(gmem, browser, trace, out):
     made = subprocess.run([gmem, "report", trace, "-o", page], capture_output=True, text=True, timeout=300)
     if made.returncode != 0:
         return ["gmem report failed: " + made.stderr.strip()[:300]]
-    with open(page, encoding="utf-8") as f:
-        text = f.read()
-    start = text.index('id="gmem-data">') + len('id="gmem-data">')
-    data = json.loads(text[start:text.index("</script>", start)])
+    data = page_data(page)
     problems = []
     if not data.get("lifetime_names"):
         return ["no lifetimes in a trace with %d steps" % data["steps"]["count"]]
@@ -302,10 +307,7 @@ def check_zoom(gmem, browser, trace, out):
                           timeout=300)
     if made.returncode != 0:
         return ["gmem report failed: " + made.stderr.strip()[:300]]
-    with open(page, encoding="utf-8") as f:
-        text = f.read()
-    start = text.index('id="gmem-data">') + len('id="gmem-data">')
-    data = json.loads(text[start:text.index("</script>", start)])
+    data = page_data(page)
     axis = data["axes"]["event"]
     lo, hi = 0.0, axis["sites_x"][-1] / 2
     # As the page finds the range's peak: the first column of the highest stacked total.
