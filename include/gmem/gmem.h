@@ -67,8 +67,8 @@ gmem_status_t gmem_memory_summary(int device, char* buf, size_t size, size_t* ne
  * engine of its own on the device: memory freed inside it is reused only by allocations made from
  * it, never by the device's engine or another pool (a CUDA graph replay writes into the blocks its
  * capture allocated, even after they were freed). Its physical memory goes back to the device when
- * the pool is destroyed or its cache emptied. Pool pointers are freed with gmem_engine_free on the
- * pool, never with gmem_free. */
+ * the pool is destroyed or its cache emptied. gmem_free frees a pool's pointer too: every engine's
+ * address ranges are known by engine, so a pointer finds its pool (gmem_engine_of). */
 typedef struct gmem_engine gmem_engine_t;
 
 /* The engine behind gmem_malloc for `device` (-1 = current); lives as long as the process. */
@@ -81,6 +81,10 @@ gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool);
 /* Destroys a pool, giving its memory back to the device. Refused (GMEM_ERROR_INVALID_ARGUMENT)
  * while it has live blocks, and for a device's own engine. */
 gmem_status_t gmem_pool_destroy(gmem_engine_t* pool);
+/* The engine, a device's own or a pool, whose address space holds `ptr`: one lookup by address
+ * range, from a pointer to its device (gmem_engine_device) and pool (gmem_engine_is_pool); the
+ * block is then gmem_engine_block's. GMEM_ERROR_INVALID_POINTER when no engine's does. */
+gmem_status_t gmem_engine_of(const void* ptr, gmem_engine_t** engine);
 /* 1 for a pool, 0 for a device's engine, -1 for NULL. */
 int gmem_engine_is_pool(const gmem_engine_t* engine);
 int gmem_engine_device(const gmem_engine_t* engine);

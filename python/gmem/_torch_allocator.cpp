@@ -72,15 +72,33 @@ const char kIpcRefusal[] =
 std::string last_gmem_error() { return gmem_last_error(); }
 
 // One private pool: its engine, how many users hold it (graphs, MemPool objects, begun
-// allocate-to-pool routes), and its live blocks (for checkPoolLiveAllocations and snapshots).
+// allocate-to-pool routes), and how many of its blocks are live (the blocks themselves are the
+// engine's: gmem_engine_for_each_block).
 struct Pool {
   MempoolId_t id{0, 0};
   DeviceIndex device = 0;
   gmem_engine_t* engine = nullptr;
   int use_count = 0;
   bool use_on_oom = false;
-  std::unordered_set<void*> live;
+  std::size_t live_blocks = 0;
 };
+
+// An engine's live blocks (under its lock; gmem_engine_for_each_block).
+std::vector<gmem_block_t> live_blocks_of(gmem_engine_t* engine) {
+  std::vector<gmem_block_t> blocks;
+  auto collect = [](void* user, const gmem_block_t* block) {
+    static_cast<std::vector<gmem_block_t>*>(user)->push_back(*block);
+  };
+  TORCH_CHECK(gmem_engine_for_each_block(engine, collect, &blocks) == GMEM_OK, "gmem: ",
+              gmem_last_error());
+  return blocks;
+}
+
+std::unordered_set<void*> pointers_of(const std::vector<gmem_block_t>& blocks) {
+  std::unordered_set<void*> pointers;
+  for (const gmem_block_t& block : blocks) pointers.insert(block.ptr);
+  return pointers;
+}
 
 // An allocate-to-pool route begun by beginAllocateToPool: mallocs on streams `filter` accepts go
 // to the pool.
@@ -211,9 +229,19 @@ class GmemAllocator final : public cca::CUDAAllocator {
   void free(void* ptr) {
     if (ptr == nullptr) return;
     if (tracing_.load(std::memory_order_relaxed)) record_free(ptr);
-    if (pool_blocks_.load(std::memory_order_acquire) != 0 && free_in_pool(ptr)) return;
     // Deleters run in destructors, where throwing would terminate the process: report and go on.
-    if (gmem_free(ptr) != GMEM_OK) std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
+    gmem_status_t status = GMEM_OK;
+    if (pool_blocks_.load(std::memory_order_acquire) == 0) {
+      status = gmem_free(ptr);
+    } else {
+      // One lookup names the pointer's engine; a pool's block also updates the pool's count.
+      gmem_engine_t* engine = nullptr;
+      status = gmem_engine_of(ptr, &engine);
+      if (status == GMEM_OK)
+        status = gmem_engine_is_pool(engine) == 1 ? free_in_pool(engine, ptr)
+                                                  : gmem_engine_free(engine, ptr);
+    }
+    if (status != GMEM_OK) std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
   }
 
   // --- lifecycle ---------------------------------------------------------------------------
@@ -411,10 +439,9 @@ class GmemAllocator final : public cca::CUDAAllocator {
     std::lock_guard lock(pools_mutex_);
     auto it = pools_.find(mempool_id);
     if (it == pools_.end()) return expected.empty();
-    const auto& live = it->second.live;
-    if (live.size() != expected.size()) return false;
-    for (void* ptr : live)
-      if (expected.count(ptr) == 0) return false;
+    if (it->second.live_blocks != expected.size()) return false;
+    for (const gmem_block_t& block : live_blocks_of(it->second.engine))
+      if (expected.count(block.ptr) == 0) return false;
     return true;
   }
 
@@ -426,14 +453,8 @@ class GmemAllocator final : public cca::CUDAAllocator {
     state->device = device;
     auto it = pools_.find(id);
     if (it == pools_.end()) return state;
-    state->live = it->second.live;
-    state->blocks.reserve(state->live.size());
-    for (void* ptr : state->live) {
-      gmem_block_t block{};
-      TORCH_CHECK(gmem_engine_block(it->second.engine, ptr, &block) == GMEM_OK,
-                  "gmem: getCheckpointState: ", last_gmem_error());
-      state->blocks.push_back(block);
-    }
+    state->blocks = live_blocks_of(it->second.engine);
+    state->live = pointers_of(state->blocks);
     return state;
   }
 
@@ -455,12 +476,13 @@ class GmemAllocator final : public cca::CUDAAllocator {
       auto it = pools_.find(state->id);
       TORCH_CHECK(it != pools_.end(), "gmem: setCheckpointPoolState: the pool is gone");
       engine = it->second.engine;
-      for (void* ptr : it->second.live) {
+      const std::unordered_set<void*> live = pointers_of(live_blocks_of(engine));
+      for (void* ptr : live) {
         delta.ptrs_freed.push_back(ptr);
         if (state->live.count(ptr) == 0) to_free.push_back(ptr);
       }
       for (const gmem_block_t& block : state->blocks)
-        if (it->second.live.count(block.ptr) == 0) to_restore.push_back(&block);
+        if (live.count(block.ptr) == 0) to_restore.push_back(&block);
     }
     for (void* ptr : to_free) free(ptr);
     for (std::size_t k = 0; k < to_restore.size(); ++k) {
@@ -474,7 +496,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
       }
       std::lock_guard lock(pools_mutex_);
       auto it = pools_.find(state->id);
-      note_pool_block(it->second, block.ptr);
+      note_pool_block(it->second);
     }
     if (tracing_.load(std::memory_order_relaxed))
       for (const gmem_block_t* block : to_restore)
@@ -677,19 +699,10 @@ class GmemAllocator final : public cca::CUDAAllocator {
     return e;
   }
 
-  // The engine holding the live block at `ptr`: its pool's, else its device's.
+  // The engine whose memory holds `ptr`, a pool's or its device's; nullptr when no gmem engine's.
   gmem_engine_t* engine_of_block(void* ptr) {
-    if (pool_blocks_.load(std::memory_order_acquire) != 0) {
-      std::lock_guard lock(pools_mutex_);
-      auto it = pool_of_block_.find(ptr);
-      if (it != pool_of_block_.end()) return it->second->engine;
-    }
-    gmem_block_t block{};
-    for (auto& slot : engines_) {
-      gmem_engine_t* e = slot.load(std::memory_order_acquire);
-      if (e != nullptr && gmem_engine_block(e, ptr, &block) == GMEM_OK) return e;
-    }
-    return nullptr;
+    gmem_engine_t* engine = nullptr;
+    return gmem_engine_of(ptr, &engine) == GMEM_OK ? engine : nullptr;
   }
 
   // --- pools (pools_mutex_ held) ---------------------------------------------------------------
@@ -718,6 +731,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
         TORCH_CHECK(gmem_engine_set_capturing(pool.engine, 1) == GMEM_OK, "gmem: ",
                     last_gmem_error());
       it = pools_.emplace(id, std::move(pool)).first;
+      pool_of_engine_[it->second.engine] = &it->second;
     }
     TORCH_CHECK(it->second.device == device, "gmem: pool (", id.first, ", ", id.second,
                 ") belongs to device ", int(it->second.device), ", not ", int(device));
@@ -727,11 +741,12 @@ class GmemAllocator final : public cca::CUDAAllocator {
 
   void destroy_if_unused(std::map<MempoolId_t, Pool>::iterator it) {
     Pool& pool = it->second;
-    if (pool.use_count != 0 || !pool.live.empty()) return;
+    if (pool.use_count != 0 || pool.live_blocks != 0) return;
     if (gmem_pool_destroy(pool.engine) != GMEM_OK) {
       std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
       return;  // keep it: its memory stays accounted for
     }
+    pool_of_engine_.erase(pool.engine);
     pools_.erase(it);
   }
 
@@ -744,9 +759,8 @@ class GmemAllocator final : public cca::CUDAAllocator {
     return nullptr;
   }
 
-  void note_pool_block(Pool& pool, void* ptr) {
-    pool.live.insert(ptr);
-    pool_of_block_[ptr] = &pool;
+  void note_pool_block(Pool& pool) {
+    ++pool.live_blocks;
     pool_blocks_.fetch_add(1, std::memory_order_release);
   }
 
@@ -764,7 +778,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
       const gmem_status_t status =
           gmem_engine_malloc(engine, ptr, size, reinterpret_cast<uintptr_t>(stream));
       if (status == GMEM_OK) {
-        note_pool_block(*pool, *ptr);
+        note_pool_block(*pool);
         return true;
       }
       TORCH_CHECK(status == GMEM_ERROR_OUT_OF_MEMORY, "gmem: ", last_gmem_error());
@@ -777,7 +791,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
       if (pool != nullptr &&
           gmem_engine_malloc(pool->engine, ptr, size, reinterpret_cast<uintptr_t>(stream)) ==
               GMEM_OK) {
-        note_pool_block(*pool, *ptr);
+        note_pool_block(*pool);
         return true;
       }
     }
@@ -796,7 +810,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
         void* ptr = nullptr;
         if (gmem_engine_malloc(pool.engine, &ptr, size, reinterpret_cast<uintptr_t>(stream)) ==
             GMEM_OK) {
-          note_pool_block(pool, ptr);
+          note_pool_block(pool);
           *pool_id = id;
           return ptr;
         }
@@ -852,19 +866,17 @@ class GmemAllocator final : public cca::CUDAAllocator {
     C10_THROW_ERROR(OutOfMemoryError, "gmem: " + message);
   }
 
-  // Frees a pool block; false when `ptr` is no pool's.
-  bool free_in_pool(void* ptr) {
+  // Frees a block of the pool `engine`, which a pool destroyed once released and empty.
+  gmem_status_t free_in_pool(gmem_engine_t* engine, void* ptr) {
     std::lock_guard lock(pools_mutex_);
-    auto it = pool_of_block_.find(ptr);
-    if (it == pool_of_block_.end()) return false;
+    const gmem_status_t status = gmem_engine_free(engine, ptr);
+    auto it = pool_of_engine_.find(engine);
+    if (status != GMEM_OK || it == pool_of_engine_.end()) return status;
     Pool* pool = it->second;
-    pool_of_block_.erase(it);
-    pool->live.erase(ptr);
+    --pool->live_blocks;
     pool_blocks_.fetch_sub(1, std::memory_order_release);
-    if (gmem_engine_free(pool->engine, ptr) != GMEM_OK)
-      std::fprintf(stderr, "gmem: %s\n", gmem_last_error());
-    if (pool->use_count == 0 && pool->live.empty()) destroy_if_unused(pools_.find(pool->id));
-    return true;
+    if (pool->use_count == 0 && pool->live_blocks == 0) destroy_if_unused(pools_.find(pool->id));
+    return GMEM_OK;
   }
 
   // --- history ---------------------------------------------------------------------------------
@@ -938,7 +950,7 @@ class GmemAllocator final : public cca::CUDAAllocator {
   std::mutex pools_mutex_;
   std::map<MempoolId_t, Pool> pools_;  // node-based: Pool pointers stay valid
   std::array<std::vector<Route>, kMaxDevices> routes_;
-  std::unordered_map<void*, Pool*> pool_of_block_;
+  std::unordered_map<gmem_engine_t*, Pool*> pool_of_engine_;  // a pool per engine, not per block
   std::atomic<int> routes_active_{0};
   std::atomic<int> pool_blocks_{0};
 

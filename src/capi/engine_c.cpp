@@ -1,9 +1,7 @@
 // Engines as handles (include/gmem/gmem.h): a device's own engine and private pools, each a
 // gmem::Engine of its own over the device's (shared, thread-safe) Device.
-#include <array>
-#include <atomic>
+#include <cstdio>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "capi/observe.hpp"
@@ -11,37 +9,12 @@
 #include "gmem/error.hpp"
 #include "gmem/gmem.h"
 
-struct gmem_engine {
-  gmem::capi::DeviceContext* context = nullptr;
-  gmem::Engine* engine = nullptr;        // context->engine, or `owned`
-  std::unique_ptr<gmem::Engine> owned;   // a pool's engine; null for a device's own
-};
-
 namespace {
 
 using gmem::capi::run_guarded;
 
-constexpr int kMaxDevices = 64;
-
-// One handle per device engine, made on first use and never destroyed (as the engines).
-gmem_engine* device_handle(int device) {
-  static std::array<std::atomic<gmem_engine*>, kMaxDevices> handles{};
-  static std::mutex create;
-  gmem::capi::DeviceContext& context = gmem::capi::context(device);
-  if (context.index < 0 || context.index >= kMaxDevices) {
-    throw gmem::Error(gmem::Errc::invalid_argument, "device " + std::to_string(context.index) +
-                                                        " is beyond gmem's 64 devices");
-  }
-  std::atomic<gmem_engine*>& slot = handles[static_cast<std::size_t>(context.index)];
-  if (gmem_engine* found = slot.load(std::memory_order_acquire)) return found;
-  std::lock_guard lock(create);
-  if (gmem_engine* found = slot.load(std::memory_order_acquire)) return found;
-  auto* handle = new gmem_engine;
-  handle->context = &context;
-  handle->engine = context.engine.get();
-  slot.store(handle, std::memory_order_release);
-  return handle;
-}
+// The device's own engine as a handle, made with its context and never destroyed (as the engine).
+gmem_engine* device_handle(int device) { return &gmem::capi::context(device).handle; }
 
 gmem::Engine& engine_of(gmem_engine* handle) {
   if (handle == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "engine is NULL");
@@ -105,9 +78,11 @@ gmem_status_t gmem_pool_create(int device, gmem_engine_t** pool) {
     // with stable pages: CUDA graphs are captured into pools.
     gmem::EngineOptions options = device_engine->engine->options();
     options.stable_pages = true;
-    // Same Device object as the device's engine: its address ranges land in the same address
-    // book (so owner lookups still find the device), its chunks come from the same GPU.
-    handle->owned = std::make_unique<gmem::Engine>(*handle->context->device, options);
+    // The device's own Device object, through a view that records the pool's address ranges as
+    // the pool's (so that gmem_free and gmem_engine_of find the pool); its chunks come from the
+    // same GPU.
+    handle->view = gmem::capi::pool_view(*handle->context, *handle);
+    handle->owned = std::make_unique<gmem::Engine>(*handle->view, options);
     handle->engine = handle->owned.get();
     handle->context->add_pool(*handle->engine);
     *pool = handle.release();
@@ -132,6 +107,19 @@ gmem_status_t gmem_pool_destroy(gmem_engine_t* pool) {
     engine.empty_cache();  // waits for frees still pending on other streams
     pool->context->remove_pool(engine);
     delete pool;
+  });
+}
+
+gmem_status_t gmem_engine_of(const void* ptr, gmem_engine_t** engine) {
+  return run_guarded("gmem_engine_of", [&] {
+    if (engine == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "engine is NULL");
+    *engine = gmem::capi::owner(ptr);
+    if (*engine == nullptr) {
+      char text[96];
+      std::snprintf(text, sizeof text, "%p was not allocated by gmem (no engine owns this address)",
+                    ptr);
+      throw gmem::Error(gmem::Errc::invalid_pointer, text);
+    }
   });
 }
 

@@ -65,8 +65,8 @@ std::string hex(const void* ptr) {
   return buffer;
 }
 
-DeviceContext& owner_of(const void* ptr) {
-  DeviceContext* owner = gmem::capi::owner(ptr);
+gmem_engine& owner_of(const void* ptr) {
+  gmem_engine* owner = gmem::capi::likely_owner(ptr);
   if (owner == nullptr) {
     throw gmem::Error(gmem::Errc::invalid_pointer,
                       hex(ptr) + " was not allocated by gmem (no engine owns this address)");

@@ -245,7 +245,8 @@ gmem_status_t gmem_step(void) {
 int gmem_graph_saved(const void* ptr, int saved) {
   int marked = -1;
   run_guarded("gmem_graph_saved", [&] {
-    gmem::capi::DeviceContext* context = gmem::capi::owner(ptr);
+    gmem_engine* owner = gmem::capi::likely_owner(ptr);
+    gmem::capi::DeviceContext* context = owner != nullptr ? owner->context : nullptr;
     gmem::Tracker* tracker =
         context != nullptr ? gmem::capi::slot(*context).load(std::memory_order_acquire) : nullptr;
     marked = tracker != nullptr &&

@@ -26,10 +26,11 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// Which engine's address space holds a pointer: gmem_free gets no device argument.
+// Which engine's address space holds a pointer: gmem_free gets no device argument, and a pool's
+// pointer must find its pool.
 class AddressBook {
  public:
-  void add(DevicePtr base, std::size_t size, DeviceContext* owner) {
+  void add(DevicePtr base, std::size_t size, gmem_engine* owner) {
     std::unique_lock lock(mutex_);
     ranges_[base] = Range{base + size, owner};
   }
@@ -37,7 +38,7 @@ class AddressBook {
     std::unique_lock lock(mutex_);
     ranges_.erase(base);
   }
-  DeviceContext* find(DevicePtr ptr) const {
+  gmem_engine* find(DevicePtr ptr) const {
     std::shared_lock lock(mutex_);
     auto next = ranges_.upper_bound(ptr);
     if (next == ranges_.begin()) return nullptr;
@@ -48,54 +49,61 @@ class AddressBook {
  private:
   struct Range {
     DevicePtr end;
-    DeviceContext* owner;
+    gmem_engine* owner;
   };
   mutable std::shared_mutex mutex_;
   std::map<DevicePtr, Range> ranges_;
 };
 
-// Forwards to the real device, recording every reserved range in the address book.
+// One engine's view of its device: forwards every call, recording the ranges the engine reserves
+// in the address book under the engine. `views` counts the views alive (owner()'s shortcut).
 class RecordingDevice final : public Device {
  public:
-  RecordingDevice(std::unique_ptr<Device> inner, AddressBook& book, DeviceContext& owner)
-      : inner_(std::move(inner)), book_(book), owner_(owner) {}
+  RecordingDevice(Device& inner, AddressBook& book, gmem_engine& owner, std::atomic<int>& views)
+      : inner_(inner), book_(book), owner_(owner), views_(views) {
+    views_.fetch_add(1, std::memory_order_release);
+  }
+  ~RecordingDevice() override { views_.fetch_sub(1, std::memory_order_release); }
+  RecordingDevice(const RecordingDevice&) = delete;
+  RecordingDevice& operator=(const RecordingDevice&) = delete;
 
-  std::size_t granularity() const override { return inner_->granularity(); }
-  DeviceMemInfo mem_info() override { return inner_->mem_info(); }
-  std::string name() const override { return inner_->name(); }
-  int index() const override { return inner_->index(); }
+  std::size_t granularity() const override { return inner_.granularity(); }
+  DeviceMemInfo mem_info() override { return inner_.mem_info(); }
+  std::string name() const override { return inner_.name(); }
+  int index() const override { return inner_.index(); }
   DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
-    const DevicePtr base = inner_->reserve_address(size, alignment);
+    const DevicePtr base = inner_.reserve_address(size, alignment);
     book_.add(base, size, &owner_);
     return base;
   }
   void release_address(DevicePtr base, std::size_t size) override {
-    inner_->release_address(base, size);
+    inner_.release_address(base, size);
     book_.remove(base);
   }
-  ChunkHandle create_chunk(std::size_t size) override { return inner_->create_chunk(size); }
-  void release_chunk(ChunkHandle chunk) override { inner_->release_chunk(chunk); }
+  ChunkHandle create_chunk(std::size_t size) override { return inner_.create_chunk(size); }
+  void release_chunk(ChunkHandle chunk) override { inner_.release_chunk(chunk); }
   void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
-    inner_->map(va, size, chunk);
+    inner_.map(va, size, chunk);
   }
-  void unmap(DevicePtr va, std::size_t size) override { inner_->unmap(va, size); }
-  void set_access(DevicePtr va, std::size_t size) override { inner_->set_access(va, size); }
-  EventHandle create_event() override { return inner_->create_event(); }
-  void destroy_event(EventHandle event) override { inner_->destroy_event(event); }
+  void unmap(DevicePtr va, std::size_t size) override { inner_.unmap(va, size); }
+  void set_access(DevicePtr va, std::size_t size) override { inner_.set_access(va, size); }
+  EventHandle create_event() override { return inner_.create_event(); }
+  void destroy_event(EventHandle event) override { inner_.destroy_event(event); }
   void record_event(EventHandle event, StreamId stream) override {
-    inner_->record_event(event, stream);
+    inner_.record_event(event, stream);
   }
-  bool query_event(EventHandle event) override { return inner_->query_event(event); }
-  void synchronize_event(EventHandle event) override { inner_->synchronize_event(event); }
-  void wait_event(StreamId stream, EventHandle event) override { inner_->wait_event(stream, event); }
-  bool stream_capturing(StreamId stream) override { return inner_->stream_capturing(stream); }
-  double host_time() const override { return inner_->host_time(); }
-  CallTimes call_times() const override { return inner_->call_times(); }
+  bool query_event(EventHandle event) override { return inner_.query_event(event); }
+  void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
+  void wait_event(StreamId stream, EventHandle event) override { inner_.wait_event(stream, event); }
+  bool stream_capturing(StreamId stream) override { return inner_.stream_capturing(stream); }
+  double host_time() const override { return inner_.host_time(); }
+  CallTimes call_times() const override { return inner_.call_times(); }
 
  private:
-  std::unique_ptr<Device> inner_;
+  Device& inner_;
   AddressBook& book_;
-  DeviceContext& owner_;
+  gmem_engine& owner_;
+  std::atomic<int>& views_;
 };
 
 enum class Backend { cuda, segment, sim };
@@ -193,27 +201,40 @@ class Registry {
     opened.options.strict_empty_cache = strict_empty_cache_from_environment();
     opened.options.stream_handovers = stream_handovers_from_environment();
     opened.options.map_ahead = map_ahead_from_environment(backend_ == Backend::sim);
-    context->device = std::make_unique<RecordingDevice>(std::move(opened.device), book_, *context);
+    context->device = std::move(opened.device);
+    context->view = std::make_unique<RecordingDevice>(*context->device, book_, context->handle, views_);
     try {
-      context->engine = std::make_unique<Engine>(*context->device, opened.options);
+      context->engine = std::make_unique<Engine>(*context->view, opened.options);
     } catch (const Error& e) {
       if (opened.options.page_size == 0) throw;
       throw Error(e.code(), std::string("GMEM_PAGE_SIZE: ") + e.what());
     }
+    context->handle.context = context.get();
+    context->handle.engine = context->engine.get();
     DeviceContext* created = context.release();  // kept for the life of the process
     in_order_.push_back(created);
     if (in_order_.size() == 1) first_.store(created, std::memory_order_release);
-    count_.fetch_add(1, std::memory_order_release);
     by_index_[device].store(created, std::memory_order_release);
     return *created;
   }
 
-  DeviceContext* owner(const void* ptr) {
-    const int count = count_.load(std::memory_order_acquire);
-    if (count == 0) return nullptr;
-    // One device in use: its engine tells a foreign pointer apart itself.
-    if (count == 1) return first_.load(std::memory_order_acquire);
+  gmem_engine* owner(const void* ptr) const { return book_.find(reinterpret_cast<DevicePtr>(ptr)); }
+
+  gmem_engine* likely_owner(const void* ptr) {
+    const int views = views_.load(std::memory_order_acquire);
+    if (views == 0) return nullptr;
+    // One engine in use, the first device's (a pool's engine needs its device's first): that
+    // engine tells a foreign pointer apart itself. A pointer of a pool made meanwhile cannot be
+    // freed before the malloc that returned it, made after the pool's view counted.
+    if (views == 1) {
+      DeviceContext* first = first_.load(std::memory_order_acquire);
+      if (first != nullptr) return &first->handle;
+    }
     return book_.find(reinterpret_cast<DevicePtr>(ptr));
+  }
+
+  std::unique_ptr<Device> pool_view(DeviceContext& context, gmem_engine& pool) {
+    return std::make_unique<RecordingDevice>(*context.device, book_, pool, views_);
   }
 
   void for_each(const std::function<void(DeviceContext&)>& visit) {
@@ -278,7 +299,7 @@ class Registry {
   std::array<std::atomic<DeviceContext*>, kMaxDevices> by_index_{};
   std::vector<DeviceContext*> in_order_;
   std::atomic<DeviceContext*> first_{nullptr};
-  std::atomic<int> count_{0};
+  std::atomic<int> views_{0};  // RecordingDevices alive: one per device engine and per pool
   AddressBook book_;
 };
 
@@ -290,7 +311,11 @@ Registry& registry() {
 }  // namespace
 
 DeviceContext& context(int device) { return registry().get(device); }
-DeviceContext* owner(const void* ptr) { return registry().owner(ptr); }
+gmem_engine* owner(const void* ptr) { return registry().owner(ptr); }
+gmem_engine* likely_owner(const void* ptr) { return registry().likely_owner(ptr); }
+std::unique_ptr<Device> pool_view(DeviceContext& context, gmem_engine& pool) {
+  return registry().pool_view(context, pool);
+}
 void for_each_context(const std::function<void(DeviceContext&)>& visit) {
   registry().for_each(visit);
 }

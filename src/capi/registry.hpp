@@ -19,14 +19,29 @@
 
 namespace gmem {
 class Tracker;  // include/gmem/tracker.hpp (H6)
+namespace capi {
+struct DeviceContext;
 }
+}  // namespace gmem
+
+// An engine as the C API hands it out (gmem_engine_t, include/gmem/gmem.h): a device's own
+// engine, or a private pool, an engine of its own over the device.
+struct gmem_engine {
+  gmem::capi::DeviceContext* context = nullptr;
+  gmem::Engine* engine = nullptr;        // context->engine, or `owned`
+  std::unique_ptr<gmem::Device> view;    // a pool's view of the device (capi::pool_view)
+  std::unique_ptr<gmem::Engine> owned;   // a pool's engine, destroyed before its view; null for
+                                         // a device's own
+};
 
 namespace gmem::capi {
 
 struct DeviceContext {
   int index = 0;
-  std::unique_ptr<Device> device;
+  std::unique_ptr<Device> device;  // the device itself
+  std::unique_ptr<Device> view;    // `device` as its own engine uses it: ranges recorded as engine's
   std::unique_ptr<Engine> engine;
+  gmem_engine handle;              // the device's own engine as a handle: {this, engine}
   // Observability hook: when set, the C API reports allocations and frees to it (H6 wires this
   // up from include/gmem/tracker.hpp). Null means no tracking.
   Tracker* tracker = nullptr;
@@ -53,9 +68,17 @@ struct DeviceContext {
 // exist and DeviceError when the device cannot be opened.
 DeviceContext& context(int device);
 
-// The context whose engine handed out addresses around `ptr`, or nullptr when `ptr` lies outside
-// every engine's address space (a foreign pointer). Lock-free when one device is in use.
-DeviceContext* owner(const void* ptr);
+// The engine, a device's own or a pool, whose address space holds `ptr`: one lookup from a
+// pointer to its device (->context) and pool; the block is then the engine's to find. nullptr
+// when `ptr` lies outside every engine's address space (a foreign pointer).
+gmem_engine* owner(const void* ptr);
+// The engine to ask about `ptr`: owner(ptr), but without a lookup while one engine is in use (one
+// device, no pool), whose own block lookup then tells a foreign pointer apart. gmem_free's path.
+gmem_engine* likely_owner(const void* ptr);
+
+// A view of `context`'s device for the pool `pool`: the address ranges the pool's engine reserves
+// through it are recorded as the pool's, so that owner() finds the pool.
+std::unique_ptr<Device> pool_view(DeviceContext& context, gmem_engine& pool);
 
 // Every context created so far, in creation order.
 void for_each_context(const std::function<void(DeviceContext&)>& visit);

@@ -92,7 +92,7 @@ void StepPlanner::close_step() {
     // (most one-off shapes never do; planning costs O(n^2) in the step's blocks), or at once in
     // the background where shapes take turns.
     const std::size_t key = step_[0].size;
-    if (!taking_turns_) largest_peak_ = std::max(largest_peak_, peak_of(step_));
+    if (!taking_turns_) largest_peak_ = std::max(largest_peak_, peak_of(step_, peak_changes_));
     Shape& shape = shapes_[key];
     shape.record.swap(step_);
     shape.planned = false;
@@ -107,11 +107,12 @@ void StepPlanner::close_step() {
   too_long_ = false;
 }
 
-std::size_t StepPlanner::peak_of(const std::vector<Recorded>& record) {
+std::size_t StepPlanner::peak_of(const std::vector<Recorded>& record,
+                                 std::vector<std::int64_t>& change) {
   std::uint32_t clock = 0;
   for (const Recorded& r : record)
     if (r.end != kAlive) clock = std::max(clock, r.end + 1);
-  std::vector<std::int64_t> change(clock + 1, 0);  // by the step's clock
+  change.assign(clock + 1, 0);  // by the step's clock
   for (const Recorded& r : record) {
     if (r.end == kAlive) continue;
     change[r.start] += static_cast<std::int64_t>(r.size);

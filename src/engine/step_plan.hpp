@@ -182,8 +182,10 @@ class StepPlanner {
   };
   static Made make_plan(const std::vector<Recorded>& record);
   // The most bytes the record's blocks freed within the step held at once: a plan's extent is at
-  // least that. O(n) in the record.
-  static std::size_t peak_of(const std::vector<Recorded>& record);
+  // least that. O(n) in the record; weighed at every mark, so it counts in `changes` (a buffer
+  // kept from step to step: a mark allocates nothing once steps stop growing).
+  static std::size_t peak_of(const std::vector<Recorded>& record, std::vector<std::int64_t>& changes);
+  std::vector<std::int64_t> peak_changes_;
   std::size_t largest_peak_ = 0;  // of the records kept so far (extent_to_map_early)
   // Plans by the size of their step's first range malloc (each shape's first request differs
   // where shapes take turns: an activation's size depends on the length), with how many steps

@@ -32,7 +32,8 @@ DeviceContext& context(int device) {
   if (device != 0 && device != -1) throw Error(Errc::invalid_argument, "device " + std::to_string(device) + " does not exist");
   return *g_context;
 }
-DeviceContext* owner(const void*) { return g_context.get(); }
+gmem_engine* owner(const void*) { return g_context ? &g_context->handle : nullptr; }
+gmem_engine* likely_owner(const void* ptr) { return owner(ptr); }
 void for_each_context(const std::function<void(DeviceContext&)>& visit) {
   if (g_context) visit(*g_context);
 }
@@ -70,6 +71,8 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
   capi::g_context = std::make_unique<capi::DeviceContext>();
   capi::g_context->device = std::move(sim);
   capi::g_context->engine = std::make_unique<Engine>(device);
+  capi::g_context->handle.context = capi::g_context.get();
+  capi::g_context->handle.engine = capi::g_context->engine.get();
   ASSERT_EQ(gmem_tracking_enable(0, 0, 0), GMEM_OK) << gmem_last_error();
 
   std::size_t point = 0;

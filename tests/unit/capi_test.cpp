@@ -402,6 +402,42 @@ TEST_F(CApi, PoolMemoryIsNeverHandedToTheDeviceEngine) {
   ASSERT_EQ(gmem_empty_cache(0), GMEM_OK);
 }
 
+TEST_F(CApi, APointerFindsItsEngineDeviceOrPoolInOneLookup) {
+  gmem_engine_t* pool = nullptr;
+  ASSERT_EQ(gmem_pool_create(0, &pool), GMEM_OK) << last_error();
+  void *on_device = nullptr, *in_pool = nullptr;
+  ASSERT_EQ(gmem_malloc(&on_device, 3 * kMiB, 0, 0), GMEM_OK) << last_error();
+  ASSERT_EQ(gmem_engine_malloc(pool, &in_pool, 3 * kMiB, 0), GMEM_OK) << last_error();
+
+  gmem_engine_t* found = nullptr;
+  ASSERT_EQ(gmem_engine_of(on_device, &found), GMEM_OK) << last_error();
+  EXPECT_EQ(found, device_engine());
+  ASSERT_EQ(gmem_engine_of(in_pool, &found), GMEM_OK) << last_error();
+  EXPECT_EQ(found, pool);
+  EXPECT_EQ(gmem_engine_device(found), 0);
+  // Any address in the engine's space, a block's inside included.
+  ASSERT_EQ(gmem_engine_of(static_cast<char*>(in_pool) + kMiB + 7, &found), GMEM_OK);
+  EXPECT_EQ(found, pool);
+  int on_stack = 0;
+  EXPECT_EQ(gmem_engine_of(&on_stack, &found), GMEM_ERROR_INVALID_POINTER);
+  EXPECT_EQ(found, nullptr);
+  EXPECT_TRUE(contains(last_error(), "not allocated by gmem")) << last_error();
+  EXPECT_EQ(gmem_engine_of(in_pool, nullptr), GMEM_ERROR_INVALID_ARGUMENT);
+
+  // gmem_free finds the pool too: the block leaves the pool, not the device's engine.
+  const int64_t device_allocated = stats_of(device_engine()).allocated_bytes[0].current;
+  ASSERT_EQ(gmem_free(in_pool), GMEM_OK) << last_error();
+  EXPECT_EQ(stats_of(pool).allocated_bytes[0].current, 0);
+  EXPECT_EQ(stats_of(device_engine()).allocated_bytes[0].current, device_allocated);
+  EXPECT_EQ(gmem_free(in_pool), GMEM_ERROR_DOUBLE_FREE);
+  ASSERT_EQ(gmem_pool_destroy(pool), GMEM_OK) << last_error();
+  // With the pool gone, its addresses are no engine's; the device's still are.
+  EXPECT_EQ(gmem_engine_of(in_pool, &found), GMEM_ERROR_INVALID_POINTER);
+  ASSERT_EQ(gmem_engine_of(on_device, &found), GMEM_OK) << last_error();
+  EXPECT_EQ(found, device_engine());
+  ASSERT_EQ(gmem_free(on_device), GMEM_OK) << last_error();
+}
+
 TEST_F(CApi, PoolPagesKeepTheirChunks) {
   // A pool is where CUDA graphs are captured: it never stitches a block from chunks mapped
   // elsewhere (a replay would run the kernels captured on the old page against them), so a
