@@ -18,10 +18,10 @@ from support import round_up, run_python  # noqa: E402
 MiB = 1 << 20
 
 
-def run_worker(mode, allocator, timeout=300):
+def run_worker(mode, allocator, timeout=300, **env):
     result = run_python([os.path.join(HERE, "test_torch_gpu.py"), mode, allocator], timeout=timeout,
                         GMEM_DEVICE=None, CUBLAS_WORKSPACE_CONFIG=":4096:8",
-                        PYTHONUNBUFFERED="1")
+                        PYTHONUNBUFFERED="1", **env)
     for line in reversed(result.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -151,6 +151,27 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         r = run_worker("cudnn", "gmem")
         self.assertTrue(r["close_to_reference"])
         self.assertGreater(r["convs"], 0)
+
+    def test_allocator_malloc_and_free_make_no_host_allocation_in_steady_state(self):
+        # The torch half of tests/unit/capi_host_alloc_test.cpp: the worker runs with
+        # count_new.cpp preloaded, which counts global operator new (every form) on its thread.
+        r = run_worker("host_alloc", "gmem", LD_PRELOAD=build_count_new(self))
+        self.assertEqual(r["mode"], "full", r["warnings"])
+        # Not vacuous: the counter sees operator new in libtorch (a CUDA tensor's TensorImpl and
+        # StorageImpl) and in libgmem.so (gmem_stats_text builds its text in a std::string).
+        self.assertGreater(r["control_torch_empty"], 0, "the preloaded operator new is not called")
+        self.assertGreater(r["control_gmem_stats_text"], 0, "libgmem.so's operator new is not ours")
+        # ... and the loop reached gmem's engine: every call allocated there, and returned memory.
+        self.assertEqual(r["engine_allocations"], r["expected_allocations"])
+        self.assertTrue(r["pointers_nonzero"])
+        detail = ("operator new calls per step (this thread): raw alloc/free %s, the same loop "
+                  "at size 0 (baseline) %s; all threads %s; mark_step %s; torch.empty/del "
+                  "(torch's own, not judged) %s; gmem.num_maps over the steps: %d"
+                  % (r["steady"], r["baseline"], r["steady_all"], r["marks"], r["tensors"],
+                     r["maps_in_steady_steps"]))
+        print("\n" + detail)
+        self.assertEqual([s - b for s, b in zip(r["steady"], r["baseline"])],
+                         [0] * len(r["steady"]), detail)
 
     def test_cuda_tensor_to_another_process_says_what_to_do(self):
         r = run_worker("ipc", "gmem")
@@ -660,6 +681,120 @@ def worker_stats(torch, result):
     result.update(cpp_allocated_after_free=probe.allocated(0),
                   py_allocated_after_free=torch.cuda.memory_allocated(),
                   num_ooms=torch.cuda.memory_stats()["num_ooms"])
+
+
+def build_count_new(test):
+    """Compiles count_new.cpp (a library that counts operator new, for LD_PRELOAD) into a
+    temporary directory; returns its path."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if shutil.which("c++") is None:
+        test.skipTest("no C++ compiler (c++) to build the operator new counter")
+    tmp = tempfile.mkdtemp()
+    test.addCleanup(shutil.rmtree, tmp, True)
+    lib = os.path.join(tmp, "libcount_new.so")
+    subprocess.check_call(["c++", "-std=c++17", "-O2", "-shared", "-fPIC",
+                           os.path.join(HERE, "count_new.cpp"), "-o", lib])
+    return lib
+
+
+HOST_ALLOC_SIZES = (512, 4096, 70000, MiB, 3 * MiB, 40 * MiB)  # slabs and pages, as in the C test
+
+
+def worker_host_alloc(torch, result):
+    """operator new calls (count_new.cpp, preloaded) on this thread while gmem's CUDAAllocator
+    serves torch.cuda.caching_allocator_alloc / caching_allocator_delete in steady state.
+
+    Those two reach the allocator with nothing else of torch's between: the Python wrappers
+    (torch/cuda/memory.py) call torch._C._cuda_cudaCachingAllocator_raw_alloc(size, stream) under
+    `with torch.cuda.device(device)` and _raw_delete(ptr), whose C functions
+    (torch/csrc/cuda/Module.cpp) parse the arguments with PyArg_ParseTuple / PyLong_AsVoidPtr and
+    call c10::cuda::CUDACachingAllocator::raw_alloc_with_stream / raw_delete, i.e. gmem's
+    GmemAllocator::raw_alloc_with_stream / raw_delete. To rule out the wrappers and the binding
+    anyway, a baseline runs the identical loop at size 0 in the same process: the same Python,
+    binding and c10 call into gmem's allocator, which returns nullptr for 0 bytes (and
+    raw_delete(nullptr) returns) before the engine. The test judges each step's count minus its
+    baseline's (both 0 on reading the sources).
+
+    Steps are marked as gmem.torch does after an optimizer step (gmem.mark_step), counted
+    separately and reported; so are all threads' calls and a plain torch.empty/del step, where
+    torch itself makes TensorImpl and StorageImpl objects (not a claim of gmem's)."""
+    import ctypes
+
+    import gmem
+    from gmem import _lib
+
+    counter = ctypes.CDLL(None)  # the preloaded library is in the global scope
+    if not hasattr(counter, "count_new_start"):
+        raise RuntimeError("count_new.cpp is not preloaded (LD_PRELOAD=%r)"
+                           % os.environ.get("LD_PRELOAD"))
+    counter.count_new_stop.restype = ctypes.c_long
+    counter.count_new_all_threads.restype = ctypes.c_long
+
+    def counted(fn):
+        """(calls on this thread, calls on all threads) to operator new during fn()."""
+        counter.count_new_start()
+        fn()
+        mine = counter.count_new_stop()
+        return mine, counter.count_new_all_threads()
+
+    torch.cuda.init()
+    torch.empty(1024, device="cuda")  # the first CUDA tensor: counted below is torch's own work
+    result["control_torch_empty"] = counted(lambda: torch.empty(1024, device="cuda"))[0]
+    result["control_gmem_stats_text"] = counted(
+        lambda: _lib.text(_lib.lib().gmem_stats_text, 0))[0]
+
+    side = torch.cuda.Stream()
+    streams = (torch.cuda.current_stream(0).cuda_stream, side.cuda_stream)
+    alloc, delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+    rounds = 4
+    ptrs = [0] * (rounds * len(HOST_ALLOC_SIZES))
+    seen = {"nonzero": True}
+
+    def step(scale=1):  # scale 0: the baseline, every call for 0 bytes
+        n = 0
+        for i in range(rounds):
+            stream = streams[i % 2]
+            for size in HOST_ALLOC_SIZES:
+                ptrs[n] = alloc(size * scale, 0, stream)
+                n += 1
+        if scale and not all(ptrs):
+            seen["nonzero"] = False
+        for p in ptrs:
+            delete(p)
+
+    def mark():
+        gmem.mark_step(0)
+
+    for _ in range(10):  # warm-up: the engine's structures for these sizes, steps planned
+        step()
+        mark()
+    torch.cuda.synchronize()
+    steps = 20
+    before = gmem.memory_stat("allocation.all.allocated", 0)
+    maps_before = gmem.memory_stat("gmem.num_maps", 0)
+    steady, steady_all, baseline, marks = [], [], [], []
+    for _ in range(steps):
+        mine, everyone = counted(step)
+        steady.append(mine)
+        steady_all.append(everyone)
+        marks.append(counted(mark)[0])
+        baseline.append(counted(lambda: step(0))[0])
+    result.update(engine_allocations=gmem.memory_stat("allocation.all.allocated", 0) - before,
+                  expected_allocations=steps * len(ptrs), pointers_nonzero=seen["nonzero"],
+                  maps_in_steady_steps=gmem.memory_stat("gmem.num_maps", 0) - maps_before,
+                  steady=steady, steady_all=steady_all, baseline=baseline, marks=marks)
+
+    def tensors():
+        kept = [torch.empty(size, dtype=torch.uint8, device="cuda") for size in HOST_ALLOC_SIZES]
+        del kept
+
+    for _ in range(3):
+        tensors()
+    result["tensors"] = [counted(tensors)[0] for _ in range(5)]
+    torch.cuda.synchronize()
 
 
 class SmallNet:
@@ -1186,7 +1321,8 @@ def worker(mode, allocator):
         probe = cpp_probe(torch)
         probe.watch_ooms()
     workers = {"train": worker_train, "storages": worker_storages, "oom": worker_oom,
-               "stats": worker_stats, "compile": worker_compile, "graph": worker_graph,
+               "stats": worker_stats, "host_alloc": worker_host_alloc,
+               "compile": worker_compile, "graph": worker_graph,
                "history": worker_history, "cudnn": worker_cudnn, "ipc": worker_ipc,
                "sites": worker_sites, "graphs_compile": worker_graphs_compile,
                "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream,
