@@ -157,19 +157,22 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         # count_new.cpp preloaded, which counts global operator new (every form) on its thread.
         r = run_worker("host_alloc", "gmem", LD_PRELOAD=build_count_new(self))
         self.assertEqual(r["mode"], "full", r["warnings"])
+        detail = ("operator new calls per step (this thread): raw alloc/free %s, the same loop "
+                  "at size 0 (baseline) %s; all threads %s; mark_step %s; torch.empty/del "
+                  "(torch's own, not judged) %s; gmem.num_maps over the steps: %d; controls: "
+                  "torch.empty %d, gmem_stats_text %d"
+                  % (r["steady"], r["baseline"], r["steady_all"], r["marks"], r["tensors"],
+                     r["maps_in_steady_steps"], r["control_torch_empty"],
+                     r["control_gmem_stats_text"]))
+        print("\n" + detail)
         # Not vacuous: the counter sees operator new in libtorch (a CUDA tensor's TensorImpl and
         # StorageImpl) and in libgmem.so (gmem_stats_text builds its text in a std::string).
         self.assertGreater(r["control_torch_empty"], 0, "the preloaded operator new is not called")
-        self.assertGreater(r["control_gmem_stats_text"], 0, "libgmem.so's operator new is not ours")
+        self.assertGreater(r["control_gmem_stats_text"], 0,
+                           "libgmem.so's operator new is not ours: " + detail)
         # ... and the loop reached gmem's engine: every call allocated there, and returned memory.
         self.assertEqual(r["engine_allocations"], r["expected_allocations"])
         self.assertTrue(r["pointers_nonzero"])
-        detail = ("operator new calls per step (this thread): raw alloc/free %s, the same loop "
-                  "at size 0 (baseline) %s; all threads %s; mark_step %s; torch.empty/del "
-                  "(torch's own, not judged) %s; gmem.num_maps over the steps: %d"
-                  % (r["steady"], r["baseline"], r["steady_all"], r["marks"], r["tensors"],
-                     r["maps_in_steady_steps"]))
-        print("\n" + detail)
         self.assertEqual([s - b for s, b in zip(r["steady"], r["baseline"])],
                          [0] * len(r["steady"]), detail)
 
