@@ -2,7 +2,9 @@
 
   _torch_allocator.cpp  gmem's complete CUDAAllocator (c10::cuda::CUDACachingAllocator), written
                         for torch 2.11's interface; linked to libc10, libc10_cuda, libtorch_cuda
-                        and libgmem.so. gmem.torch's first choice.
+                        and libgmem.so. gmem.torch's first choice. One translation unit: it
+                        includes its private headers, _torch_allocator/*.hpp, relative to itself
+                        (no -I), and they are hashed with it into the cache key.
   _torch_shim.cpp       entry points for torch.cuda.memory.CUDAPluggableAllocator that raise
                         torch.OutOfMemoryError; linked to libc10 only. The fallback's helper.
 
@@ -37,6 +39,7 @@ SOURCE = os.path.join(_HERE, "_torch_shim.cpp")
 ALLOC_FN = "gmem_torch_shim_malloc"
 FREE_FN = "gmem_torch_shim_free"
 ALLOCATOR_SOURCE = os.path.join(_HERE, "_torch_allocator.cpp")
+ALLOCATOR_HEADERS = os.path.join(_HERE, "_torch_allocator")  # its private headers (*.hpp)
 # Built at install time (setup.py), inside the package.
 PREBUILT_ALLOCATOR = "libgmem_torch_allocator.so"
 PREBUILT_RECORD = "torch_allocator.json"
@@ -81,8 +84,9 @@ def _cached_path(name, sources, torch_dir, key_parts, cxx):
 
 
 def _compile(name, sources, torch_dir, include_dirs, link_args, key_parts, out=None):
-    """Compiles `sources` into the cached lib<name>-<hash>.so, or into `out` when given (the
-    install-time build: always compiled); returns its path."""
+    """Compiles sources[0] (the others, headers it includes, only make the cache key) into the
+    cached lib<name>-<hash>.so, or into `out` when given (the install-time build: always
+    compiled); returns its path."""
     cxx = _compiler()
     if cxx is None:
         raise ShimUnavailable("no C++ compiler found (set CXX)")
@@ -160,6 +164,12 @@ def gmem_include_dir():
     return None
 
 
+def allocator_sources():
+    """_torch_allocator.cpp first (the one file compiled), then its private headers
+    (_torch_allocator/*.hpp): all make the cache key, so a changed header rebuilds."""
+    return [ALLOCATOR_SOURCE] + sorted(glob.glob(os.path.join(ALLOCATOR_HEADERS, "*.hpp")))
+
+
 def _allocator_build(torch, libgmem, gmem_include, libgmem_rpath):
     """What compiling gmem's CUDAAllocator for this torch takes: (sources, torch_dir,
     include_dirs, link_args, key_parts), the same for a compile at first use and at install
@@ -175,7 +185,7 @@ def _allocator_build(torch, libgmem, gmem_include, libgmem_rpath):
     # CUDA runtime calls resolve through libc10_cuda's own libcudart (the one torch loaded).
     link = ["-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-L" + libdir, "-ltorch_cuda", "-lc10_cuda",
             "-lc10", libgmem, "-Wl,-rpath," + libdir, "-Wl,-rpath," + libgmem_rpath]
-    return ([ALLOCATOR_SOURCE, os.path.join(gmem_include, "gmem", "gmem.h")], torch_dir,
+    return (allocator_sources() + [os.path.join(gmem_include, "gmem", "gmem.h")], torch_dir,
             [include, cuda_include, gmem_include], link, [torch.__version__, str(abi), libgmem])
 
 

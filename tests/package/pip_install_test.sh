@@ -74,9 +74,15 @@ import gmem
 package = os.path.dirname(os.path.realpath(gmem.__file__))
 assert package.startswith(os.path.realpath(sys.argv[1])), "gmem imported from %s" % package
 assert gmem.library_path() == os.path.join(package, "libgmem.so"), gmem.library_path()
+from gmem import _shim
 assert os.path.isfile(os.path.join(package, "_torch_shim.cpp")), "the torch shim source is missing"
 assert os.path.isfile(os.path.join(package, "_torch_allocator.cpp")), "the allocator source is missing"
-from gmem import _shim
+headers = sorted(os.listdir(os.path.join(package, "_torch_allocator")))  # its private headers
+for header in ("convert.hpp", "engines.hpp", "history.hpp", "pools.hpp"):
+    assert header in headers, "the allocator header _torch_allocator/%s is missing" % header
+keyed = [os.path.realpath(path) for path in _shim.allocator_sources()[1:]]  # the cache key's
+assert keyed == [os.path.join(package, "_torch_allocator", h) for h in headers
+                 if h.endswith(".hpp")], (keyed, headers)
 assert _shim.gmem_include_dir() == os.path.join(package, "include"), _shim.gmem_include_dir()
 assert gmem.__version__ == metadata.version("gmem"), (gmem.__version__, metadata.version("gmem"))
 p = gmem.malloc(3 << 20)

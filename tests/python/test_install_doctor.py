@@ -8,6 +8,7 @@ compiling; doctor on this machine says there is no GPU, and without torch which 
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -110,6 +111,30 @@ class PrebuiltTest(unittest.TestCase):
             loaded = _shim.load_allocator(self.torch)
         self.assertEqual(loaded.path, library)
         self.assertEqual(loaded.gmem_torch_allocator_install(None, 0), 7)
+
+    def test_cache_key_covers_the_allocator_headers(self):
+        # One translation unit: _torch_allocator.cpp includes its private headers relative to
+        # itself. Every one of them (and nothing missing) makes the key; a changed header rebuilds.
+        sources = _shim.allocator_sources()
+        self.assertEqual(sources[0], _shim.ALLOCATOR_SOURCE)
+        included = set()
+        for path in sources:
+            with open(path) as f:
+                for name in re.findall(r'^#include "(_torch_allocator/[^"]+|[^"/]+\.hpp)"', f.read(),
+                                       re.M):
+                    included.add(os.path.normpath(os.path.join(os.path.dirname(path), name)))
+        self.assertTrue(included, "no private header included")
+        self.assertEqual(included, set(sources[1:]))
+        copy = os.path.join(self.tmp, "src")
+        shutil.copy(_shim.ALLOCATOR_SOURCE, copy + ".cpp")
+        shutil.copytree(_shim.ALLOCATOR_HEADERS, copy)
+        with mock.patch.object(_shim, "ALLOCATOR_SOURCE", copy + ".cpp"), \
+                mock.patch.object(_shim, "ALLOCATOR_HEADERS", copy):
+            key = lambda: _shim._cached_path("a", _shim.allocator_sources(), "t", [], "c++")
+            before = key()
+            with open(os.path.join(copy, "pools.hpp"), "a") as f:
+                f.write("// changed\n")
+            self.assertNotEqual(key(), before)
 
     def test_install_build_without_headers_raises(self):
         torch = fake_torch("/nonexistent/torch")
