@@ -139,8 +139,12 @@ Backing::Taken Backing::take_at(DevicePtr addr, std::size_t bytes, std::size_t r
 // follows a plan and that range is free (it is, if the step's lifetimes repeat), else online.
 // The path a training loop under gmem.torch takes for every block of its own range.
 Backing::Taken Backing::take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested) {
-  if (!placement_.plans_stream(si)) [[unlikely]] return take_online(si, bytes, requested);
-  StepPlanner& planner = placement_.planner();
+  StepPlanner* const of = placement_.planner_of(si, bytes);
+  if (of != &placement_.planner()) [[unlikely]] {
+    if (of == nullptr) return take_online(si, bytes, requested);
+    return take_covered(*of, si, bytes, requested);  // covers, no plan
+  }
+  StepPlanner& planner = *of;
   const StepPlanner::Ticket ticket = planner.request(bytes);
   chunks_.follow_warm_up(planner.warm_up());
   if (ticket.ordinal == 0 || ahead_.holds_booked()) [[unlikely]] step_begins(si, ticket);
@@ -175,9 +179,45 @@ Backing::Taken Backing::take_planned(std::uint32_t si, std::size_t bytes, std::s
     }
     planner.conflict();
   }
-  const Taken taken = take_online(si, bytes, requested);
+  const Taken taken = take_sized(si, bytes, ticket.slot, requested);
   arenas_[taken.arena].ranges.set_plan_ordinal(taken.node, planner.taken(ticket, taken.addr, false));
   return taken;
+}
+
+Backing::Taken Backing::take_covered(StepPlanner& covers, std::uint32_t si, std::size_t bytes,
+                                     std::size_t requested) {
+  const StepPlanner::Ticket ticket = covers.request(bytes);
+  const Taken taken = take_sized(si, bytes, ticket.slot, requested);
+  arenas_[taken.arena].ranges.set_plan_ordinal(taken.node, covers.taken(ticket, taken.addr, false));
+  return taken;
+}
+
+Backing::Taken Backing::take_sized(std::uint32_t si, std::size_t bytes, std::size_t slot,
+                                   std::size_t requested) {
+  // A block of a step that fits its cover (a larger step of its shape, step_plan.hpp) takes the
+  // size its block there took (`slot`): best fit then lays the step out as it laid out the larger
+  // one, on the same pages at the same moments, whatever its lengths, and their chunks settle as
+  // a repeated step's do. Where the slot's pages cannot be had (a limit), it takes its own size.
+  // (Not while places are kept for CUDA graphs: a kept place is matched by its block's size.)
+  if (slot == bytes || placement_.keeps_places()) [[likely]] return take_online(si, bytes, requested);
+  try {
+    const Placement::Spot spot = placement_.online(si, slot, pages_.clock());
+    RangeAllocator& ranges = arenas_[spot.arena].ranges;
+    const NodeId node = ranges.take(spot.node, slot, spot.offset);
+    const DevicePtr addr = ranges.node(node).addr;
+    bool backed = false;
+    try {
+      backed = back(spot.arena, addr, slot);
+    } catch (...) {
+      ranges.release(node);
+      throw;
+    }
+    if (backed) return {spot.arena, node, addr};
+    ranges.release(node);
+    chunks_.release_spares();
+  } catch (const NoAddressSpace&) {  // the block's own size may still fit
+  }
+  return take_online(si, bytes, requested);
 }
 
 void Backing::step_begins(std::uint32_t si, const StepPlanner::Ticket& ticket) {
@@ -209,7 +249,7 @@ void Backing::mark_step() {
   // The round ends (a batch in flight gives its pages back when it lands; its pages are booked).
   if (ahead_.under_way()) [[unlikely]] ahead_.end();
   const std::int64_t maps = accounting_.stats.num_maps;
-  placement_.planner().mark_step(static_cast<std::size_t>(maps - maps_at_mark_) * granularity());
+  placement_.mark_step(static_cast<std::size_t>(maps - maps_at_mark_) * granularity());
   maps_at_mark_ = maps;
   chunks_.follow_warm_up(placement_.planner().warm_up());
 }

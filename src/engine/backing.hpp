@@ -105,9 +105,12 @@ class Backing {
   Taken take_at(DevicePtr addr, std::size_t bytes, std::size_t requested);
 
   // --- planned step layouts (step_plan.hpp) -----------------------------------------------------
+  // A malloc of stream `si` in a slab's slot: it counts among the planned stream's mallocs.
+  void count_slot_malloc(std::uint32_t si) { placement_.tick(si); }
   // A training step ends: from now on the range mallocs of one stream (the first to make one)
   // are recorded step by step, and once shapes take turns a step whose shape was seen before
-  // takes its planned offsets.
+  // takes its planned offsets; until then it takes its cover's sizes where it fits them, as
+  // does the stream that takes the most bytes, if another (Placement::planner_of).
   void mark_step();
   const StepPlanner::Stats& plan_stats() const { return placement_.planner().stats(); }
   // Stops and joins the map-ahead thread (called without the engine's lock, before the engine
@@ -139,6 +142,10 @@ class Backing {
  private:
   Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested);
   Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
+  // take_planned on a stream that follows covers only (Placement::planner_of).
+  Taken take_covered(StepPlanner& covers, std::uint32_t si, std::size_t bytes, std::size_t requested);
+  // take_online for a block of `bytes` that takes the range of a larger step's block, `slot`.
+  Taken take_sized(std::uint32_t si, std::size_t bytes, std::size_t slot, std::size_t requested);
   // take_planned at a step's first malloc: map-ahead's rounds begin (or end) there.
   void step_begins(std::uint32_t si, const StepPlanner::Ticket& ticket);
   // take_online while places are kept: the earliest-born kept place of `bytes`, if any.

@@ -99,6 +99,7 @@ void* Engine::Impl::malloc_at(void* p, std::size_t size) {
 
 DevicePtr Engine::Impl::malloc_slab(std::size_t size, std::size_t rounded, std::uint32_t si,
                                     Record& record) {
+  backing_.count_slot_malloc(si);
   const int cls = detail::size_class(rounded);
   detail::SlabId slab = detail::kNoSlab;
   DevicePtr ptr = 0;

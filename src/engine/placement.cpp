@@ -43,6 +43,18 @@ void Placement::keep(std::uint32_t arena, NodeId node, std::uint32_t birth, std:
   expire_kept(now);
 }
 
+void Placement::mark_step(std::size_t mapped_bytes) {
+  planner_.mark_step(mapped_bytes);
+  covers_.mark_step();
+  if (!weighing_ || planner_.stats().steps < 2) return;
+  weighing_ = false;  // the first step recorded has ended
+  std::uint32_t most = 0;
+  for (std::uint32_t si = 1; si < weighed_.size(); ++si)
+    if (weighed_[si] > weighed_[most]) most = si;
+  const bool planned_most = plan_stream_ < weighed_.size() && weighed_[plan_stream_] >= weighed_[most];
+  if (weighed_[most] > 0 && !planned_most) cover_stream_ = most;
+}
+
 std::optional<Placement::Spot> Placement::planned(std::size_t offset, std::size_t bytes) const {
   const RangeAllocator& ranges = arenas_[plan_arena_].ranges;
   if (offset + bytes > ranges.size()) return std::nullopt;

@@ -4,6 +4,7 @@
 // tells it when that fails.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -45,11 +46,26 @@ class Placement {
   bool planning() const { return planner_.active(); }
   StepPlanner& planner() { return planner_; }
   const StepPlanner& planner() const { return planner_; }
-  // Whether stream `si` is the one whose steps are planned: the first to make a planned malloc.
-  bool plans_stream(std::uint32_t si) {
+  // The planner of stream `si`'s steps (a range malloc of `bytes` there), or nullptr. The first
+  // stream to make a planned malloc is planned (planner()); the stream that took the most bytes
+  // of range mallocs in the first step recorded, if another, follows covers (step_plan.hpp) by a
+  // planner of its own. FSDP2's first malloc of a step is an all-gather on a stream of its own,
+  // blocks of fixed sizes, while the activations, which move with the length, are the compute
+  // stream's: they are what needs covering.
+  StepPlanner* planner_of(std::uint32_t si, std::size_t bytes) {
     if (plan_stream_ == kNoArena) plan_stream_ = si;
-    return si == plan_stream_;
+    if (weighing_ && si < weighed_.size()) [[unlikely]] weighed_[si] += bytes;
+    if (si == plan_stream_) return &planner_;
+    return si == cover_stream_ ? &covers_ : nullptr;
   }
+  // A malloc of stream `si` in a slab's slot (StepPlanner::tick).
+  void tick(std::uint32_t si) {
+    if (si == plan_stream_) planner_.tick();
+    else if (si == cover_stream_) [[unlikely]] covers_.tick();
+  }
+  // A step ends (`mapped_bytes`: what it mapped, StepPlanner::mark_step); after the first step
+  // recorded, the covered stream is chosen (planner_of).
+  void mark_step(std::size_t mapped_bytes);
   // The plan region: an arena of the plan's stream that online placement never uses (kNoArena
   // until a plan is first followed or mapped early).
   std::uint32_t plan_arena() const { return plan_arena_; }
@@ -66,7 +82,8 @@ class Placement {
   // A block's used range goes back (freed or kept): the planner and the plan region are told.
   void released(std::uint32_t arena, const RangeNode& n) {
     if (planner_.active()) [[unlikely]] {
-      planner_.released(n.addr, n.plan_ordinal);
+      if (arenas_[arena].stream == cover_stream_) [[unlikely]] covers_.released(n.addr, n.plan_ordinal);
+      else planner_.released(n.addr, n.plan_ordinal);
       if (arena == plan_arena_) plan_region_.remove(n.addr);
     }
   }
@@ -80,6 +97,13 @@ class Placement {
   KeptPlaces kept_;
   StepPlanner planner_;
   std::uint32_t plan_stream_ = kNoArena;  // a stream index
+  // The covered stream (kNoArena: none but the planned one) and its planner. Range bytes taken
+  // by each stream (the first few: a program rarely computes on more) in the first step
+  // recorded, while weighing_.
+  std::uint32_t cover_stream_ = kNoArena;
+  StepPlanner covers_ = StepPlanner::covers_only();
+  bool weighing_ = true;
+  std::array<std::size_t, 8> weighed_{};
   std::uint32_t plan_arena_ = kNoArena;
   PlanRegion plan_region_;
 };

@@ -50,7 +50,7 @@ void StepPlanner::mark_step(std::size_t mapped_bytes) {
   // The range mallocs of the step ending here: its record, unless it made none (the record
   // still open is then the step before's).
   const std::size_t made = active_ && !closing_ ? step_.size() : 0;
-  if (made > 0 && !taking_turns_ && !first_of_shape_ && !first_on_plan_) {
+  if (made > 0 && plans_ && !taking_turns_ && !first_of_shape_ && !first_on_plan_) {
     moved_bytes_ += mapped_bytes;
     moving_steps_ = mapped_bytes > 0 ? moving_steps_ + 1 : 0;
     if (moving_steps_ >= kMovingSteps && largest_peak_ > 0 && moved_bytes_ >= largest_peak_)
@@ -61,14 +61,19 @@ void StepPlanner::mark_step(std::size_t mapped_bytes) {
   } else {
     // The step's record stays open until the next step's first range malloc: the frees between
     // (an optimizer's zero_grad after its step, where gmem.torch marks) are the step's own.
-    if (!closing_)
+    if (!closing_) {
       record_exact_ = plan_ != nullptr && exact_ && step_.size() == plan_->sizes.size();
+      record_covered_ = cover_ != nullptr;
+      stats_.covered += record_covered_;
+    }
     closing_ = true;
   }
   note_step_made(made);
   ++step_number_;
   ++stats_.steps;
   plan_ = nullptr;
+  cover_ = nullptr;
+  asked_ = 0;
   first_of_shape_ = false;
   first_on_plan_ = false;
 }
@@ -92,19 +97,40 @@ void StepPlanner::close_step() {
     // (most one-off shapes never do; planning costs O(n^2) in the step's blocks), or at once in
     // the background where shapes take turns.
     const std::size_t key = step_[0].size;
-    if (!taking_turns_) largest_peak_ = std::max(largest_peak_, peak_of(step_, peak_changes_));
+    const std::size_t peak = peak_of(step_, peak_changes_);
+    if (!taking_turns_) largest_peak_ = std::max(largest_peak_, peak);
     Shape& shape = shapes_[key];
-    shape.record.swap(step_);
-    shape.planned = false;
-    shape.made.reset();
-    shape.generation = ++records_;
-    if (background_ && taking_turns_ && shapes_recur() && !planning()) plan_in_background({key});
+    if (!keeps_cover(shape, peak)) {
+      shape.peak = peak;
+      shape.missed = false;
+      shape.record.swap(step_);
+      shape.planned = false;
+      shape.made.reset();
+      shape.generation = ++records_;
+      if (background_ && taking_turns_ && shapes_recur() && !planning()) plan_in_background({key});
+    }
   }
   step_.clear();
   addr_of_.clear();  // blocks still alive outlive the step: long-lived
   clock_ = 0;
   exact_ = true;
   too_long_ = false;
+}
+
+bool StepPlanner::keeps_cover(Shape& shape, std::size_t peak) {
+  // A shape's cover is the largest of its steps recorded: a step that fit it leaves it, and so
+  // does a smaller one that did not (a block grew past its cover's, or its mallocs came
+  // otherwise), once: at least as large, the step is the larger one to cover the next; twice
+  // in a row, the program changed. (Planned shapes keep their record as before: a step that left
+  // its plan is planned anew.)
+  if (shape.planned || shape.record.empty()) return false;
+  if (record_covered_) {
+    shape.missed = false;
+    return true;
+  }
+  if (shape.missed || peak >= shape.peak) return false;
+  shape.missed = true;
+  return true;
 }
 
 std::size_t StepPlanner::peak_of(const std::vector<Recorded>& record,
@@ -224,12 +250,13 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
     std::vector<Recorded>().swap(step_);
     std::vector<DevicePtr>().swap(addr_of_);
   }
-  if (too_long_) [[unlikely]] return Ticket{step_number_, kNotRecorded, kOnline};
+  if (too_long_) [[unlikely]] return Ticket{step_number_, kNotRecorded, kOnline, bytes};
   const auto ordinal = static_cast<std::uint32_t>(step_.size());
+  const std::uint32_t asked = asked_++;
   if (ordinal == 0) {
     if (shapes_.size() >= kMaxShapes && !shapes_.contains(bytes)) shapes_.clear();
     Shape& shape = shapes_[bytes];
-    if (++shape.steps >= 2 && bytes != last_shape_ && !taking_turns_) {
+    if (++shape.steps >= 2 && bytes != last_shape_ && plans_ && !taking_turns_) {
       taking_turns_ = true;
       if (background_) {  // the records kept so far, but this step's own (planned below)
         std::vector<std::size_t> keys;
@@ -245,17 +272,27 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
       first_on_plan_ = true;
     }
     plan_ = taking_turns_ && shape.planned ? &shape.plan : nullptr;
+    // Online, a step of a shape seen before lays out as its cover did, where it fits. (Across
+    // shapes it would not: a shape's first step would lay out as another's online layout, which
+    // the other may have left for its plan, and distinct shapes rarely fit one another.)
+    cover_ = plan_ == nullptr && !shape.planned && !shape.record.empty() ? &shape.record : nullptr;
+    next_ = 0;
     exact_ = plan_ != nullptr;
     stats_.followed += plan_ != nullptr;
   }
   addr_of_.push_back(kNotTaken);  // first: a throw leaves step_ as it was
   try {
-    step_.push_back({bytes, clock_++, kAlive});
+    step_.push_back({bytes, clock_++, kAlive, asked});
   } catch (...) {
     addr_of_.pop_back();
     throw;
   }
-  Ticket ticket{step_number_, ordinal, kOnline};
+  Ticket ticket{step_number_, ordinal, kOnline, bytes};
+  if (cover_ != nullptr) {
+    const std::uint32_t k = fit(bytes, asked);
+    if (k != kNoBlock) ticket.slot = (*cover_)[k].size;
+    else cover_ = nullptr;  // the rest of the step takes its own sizes
+  }
   if (plan_ == nullptr) return ticket;
   if (ordinal >= plan_->sizes.size() || plan_->sizes[ordinal] != bytes) {
     // The step left its plan: the rest of it goes online, and it is planned anew at its end.
@@ -266,6 +303,17 @@ StepPlanner::Ticket StepPlanner::request(std::size_t bytes) {
   }
   ticket.offset = plan_->offsets[ordinal];
   return ticket;
+}
+
+std::uint32_t StepPlanner::fit(std::size_t bytes, std::uint32_t asked) {
+  const std::vector<Recorded>& cover = *cover_;
+  // The cover's next block, where it is the same (as a plan's block matches); else the one made
+  // at the same place among its step's mallocs, the cover's blocks before it passed: this step
+  // made them in slabs (a shorter length's), or made none.
+  if (next_ < cover.size() && cover[next_].size == bytes) return next_++;
+  while (next_ < cover.size() && cover[next_].asked < asked) ++next_;
+  if (next_ == cover.size() || cover[next_].asked != asked || cover[next_].size < bytes) return kNoBlock;
+  return next_++;
 }
 
 std::vector<StepPlanner::PlannedBlock> StepPlanner::blocks_of_new_plan() const {

@@ -5,6 +5,19 @@
 // virtual range of their own, the plan region) as long as each request matches the plan (same
 // size at the same ordinal). Plans are followed only once shapes take turns (below).
 //
+// A step that follows no plan may still be laid out as an earlier one: a step of a shape seen
+// before takes, block by block, the sizes of the largest step of its shape recorded (its
+// cover), where each is at least its own, so that best fit lays it out as it laid out that
+// step, on that step's pages (already mapped) at that step's moments. So a program whose steps
+// differ only in a length drawn per step (FSDP2 over random lengths: every step begins with the
+// same all-gather, and no two steps lay out alike) uses the pages of its largest step in every
+// step, holding no more than that step held, and maps nothing once its largest has run. Blocks
+// are matched by their place among all the step's mallocs, slab slots included (tick): at a
+// short length a few blocks fall under the slab limit, which would shift every range malloc
+// after them. A step that does not fit its cover keeps it when it is smaller, and replaces it
+// when it is at least as large, or when the step before did not fit either (the program
+// changed) (docs/notes/2026-11-28-steps-laid-out-as-their-largest.md).
+//
 // Why: best fit in one shared range gives the same pages, within one step, to blocks of different
 // lifetimes, and a fixed chunk per page then needs up to 1.09 times the pages in use at once
 // (docs/notes/2026-11-23-shapes-taking-turns.md). A plan whose blocks' lifetimes never overlap at the
@@ -47,6 +60,12 @@ class StepPlanner {
   // every plan is made when its shape comes back, on the caller's thread. Either way the same
   // plans are made, from the same records, and followed from the same steps.
   explicit StepPlanner(bool background = true) : background_(background) {}
+  // A planner that follows covers only, never a plan (Placement's for a second stream).
+  static StepPlanner covers_only() {
+    StepPlanner planner(false);
+    planner.plans_ = false;
+    return planner;
+  }
 
   // Whether steps have been marked: until then the planner records nothing.
   bool active() const { return active_; }
@@ -71,13 +90,19 @@ class StepPlanner {
   void mark_step(std::size_t mapped_bytes = 0);
 
   // The next range malloc of the step, of `bytes`: where the plan puts it in the plan region
-  // (`offset`, or kOnline). Records it either way; `taken` follows once it has an address.
+  // (`offset`, or kOnline), and, placed online, the range it takes (`slot`: its cover's block's
+  // size where the step fits its cover, else `bytes`). Records it either way; `taken` follows
+  // once it has an address.
   struct Ticket {
     std::uint64_t step;  // the step it was requested in
     std::uint32_t ordinal;
     std::size_t offset;
+    std::size_t slot;
   };
   Ticket request(std::size_t bytes);
+  // A malloc of the planned stream that takes no range of its own (a slab's slot): it counts
+  // among the step's mallocs (a cover's blocks are matched by that count). O(1).
+  void tick() { ++asked_; }
   // At the step's first range malloc: the blocks of the plan the step begins on, if that plan
   // was made for this step (warm_up's second case: its pages of the plan region get their
   // chunks now), in the order the step takes them; empty otherwise.
@@ -124,6 +149,7 @@ class StepPlanner {
     std::uint64_t conflicts = 0;   // planned offsets found taken
     std::uint64_t followed = 0;    // steps that began on a plan
     std::uint64_t ahead = 0;       // plans made in the background (collected, or waited for)
+    std::uint64_t covered = 0;     // steps that fit their cover to the end
     std::uint64_t wait_ns = 0;     // spent by mallocs making plans, or waiting for one
     std::size_t extent = 0;        // the largest plan's extent
   };
@@ -144,6 +170,7 @@ class StepPlanner {
   struct Recorded {
     std::size_t size;
     std::uint32_t start, end;  // end: kAlive until freed in the step
+    std::uint32_t asked;       // its place among all the step's mallocs, slab slots included
   };
   static constexpr std::uint32_t kAlive = ~std::uint32_t{0};
 
@@ -158,11 +185,22 @@ class StepPlanner {
   std::uint64_t step_number_ = 0;  // steps marked so far
   const Plan* plan_ = nullptr;
   bool exact_ = true;  // the step has followed its plan so far
+  // Not on a plan: the record whose block sizes the step takes (its shape's cover), nullptr
+  // where none or once a block did not fit; the cover's next block; the step's mallocs so far,
+  // slab slots included (from its mark).
+  const std::vector<Recorded>* cover_ = nullptr;
+  std::uint32_t next_ = 0;
+  std::uint32_t asked_ = 0;
+  // The cover's block at the step's `asked`-th malloc, of `bytes`, from next_ on: its index, or
+  // kNoBlock where none is there or it is smaller (covered's O(1) amortized: next_ only moves on).
+  std::uint32_t fit(std::size_t bytes, std::uint32_t asked);
+  static constexpr std::uint32_t kNoBlock = ~std::uint32_t{0};
   bool too_long_ = false;  // the step made more than kMaxStepMallocs range mallocs
   // Marked, but its record still open (until the next step's first range malloc), and whether
   // it ran its plan exactly (then the plan stays as it is).
   bool closing_ = false;
   bool record_exact_ = false;
+  bool record_covered_ = false;  // it fit its cover to the end
   bool first_of_shape_ = false;  // the step running is the first of its shape
   bool first_on_plan_ = false;   // the step running is the first on its shape's plan
   // The last 64 steps: which began a new shape (bit 0 the latest) and how many range mallocs
@@ -196,10 +234,15 @@ class StepPlanner {
     Plan plan;
     std::vector<Recorded> record;  // its last step, until planned
     std::uint64_t generation = 0;  // which record (records_ when it was kept)
+    std::size_t peak = 0;          // the record's (peak_of)
+    bool missed = false;           // the last step that did not fit the record left it as it was
     std::optional<Made> made;      // made in the background from the current record
   };
   void plan(Shape& shape);  // from its record: made in the background, or here
   void close_step();        // the step's record ends (at the next step's first range malloc)
+  // At close_step, for a shape whose record is not planned: whether its record stays (the step's
+  // own dropped) as the shape's cover, or the step's is kept (keeps_cover in step_plan.cpp).
+  bool keeps_cover(Shape& shape, std::size_t peak);  // `peak`: the step's (peak_of)
   // Plans in the background: a Llama step of 3,800 range mallocs takes 5-14 ms to place
   // (docs/notes/2026-11-24-plans-made-in-the-background.md), which held up the start of the step that came back to its shape, with the
   // GPU idle behind it. So once shapes take turns (and recur: not where most steps begin a new
@@ -225,6 +268,7 @@ class StepPlanner {
   // they were made from); `wait_for`: the shape whose plan to wait for, if one is under way.
   void collect(const Shape* wait_for);
   bool background_;
+  bool plans_ = true;  // plans may be followed (else covers only: taking_turns_ stays false)
   std::vector<Pending> pending_;
   std::uint64_t records_ = 0;  // records kept so far (a Shape's generation)
   // At most kMaxShapes, each holding one step's record or plan: a program whose steps never
