@@ -168,8 +168,18 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
         # Not vacuous: the counter sees operator new in libtorch (a CUDA tensor's TensorImpl and
         # StorageImpl) and in libgmem.so (gmem_stats_text builds its text in a std::string).
         self.assertGreater(r["control_torch_empty"], 0, "the preloaded operator new is not called")
-        self.assertGreater(r["control_gmem_stats_text"], 0,
-                           "libgmem.so's operator new is not ours: " + detail)
+        if r["control_gmem_stats_text"] == 0:
+            # A libgmem.so that carries its own operator new (the H200 machine's build imports
+            # none: its C++ runtime is linked in) calls it directly, and no preload sees it: its
+            # malloc and free paths are then judged by tests/unit/capi_host_alloc_test.cpp alone,
+            # and this test judges torch's path and gmem's adapter (whose operator new, LD_DEBUG
+            # showed, binds to the counter). A libgmem.so that imports operator new and was not
+            # seen would mean the counter is broken.
+            self.assertFalse(imports_operator_new(r["libgmem"]),
+                             "libgmem.so's operator new is not ours: " + detail)
+            print("libgmem.so (%s) carries its own operator new: its paths are counted by "
+                  "tests/unit/capi_host_alloc_test.cpp; judged here: torch's path and the "
+                  "adapter" % r["libgmem"])
         # ... and the loop reached gmem's engine: every call allocated there, and returned memory.
         self.assertEqual(r["engine_allocations"], r["expected_allocations"])
         self.assertTrue(r["pointers_nonzero"])
@@ -686,6 +696,17 @@ def worker_stats(torch, result):
                   num_ooms=torch.cuda.memory_stats()["num_ooms"])
 
 
+def imports_operator_new(library):
+    """Whether `library` calls a global operator new through the dynamic linker (one that a
+    preloaded library replaces), read from its dynamic symbols with nm."""
+    import subprocess
+
+    symbols = subprocess.run(["nm", "-D", "--undefined-only", library], stdout=subprocess.PIPE,
+                             universal_newlines=True, check=True).stdout
+    return any(line.split()[-1].split("@")[0] in ("_Znwm", "_Znam") for line in symbols.splitlines()
+               if line.strip())
+
+
 def build_count_new(test):
     """Compiles count_new.cpp (a library that counts operator new, for LD_PRELOAD) into a
     temporary directory; returns its path."""
@@ -748,6 +769,7 @@ def worker_host_alloc(torch, result):
     result["control_torch_empty"] = counted(lambda: torch.empty(1024, device="cuda"))[0]
     result["control_gmem_stats_text"] = counted(
         lambda: _lib.text(_lib.lib().gmem_stats_text, 0))[0]
+    result["libgmem"] = _lib.library_path()
 
     side = torch.cuda.Stream()
     streams = (torch.cuda.current_stream(0).cuda_stream, side.cuda_stream)
