@@ -82,8 +82,8 @@ Backing::Taken Backing::take_online(std::uint32_t si, std::size_t bytes, std::si
   }
 }
 
-Backing::Taken Backing::take_placed(const Placement::Spot& spot, std::size_t bytes,
-                                    std::size_t requested) {
+std::optional<Backing::Taken> Backing::take_and_back(const Placement::Spot& spot,
+                                                     std::size_t bytes) {
   RangeAllocator& ranges = arenas_[spot.arena].ranges;
   const NodeId node = ranges.take(spot.node, bytes, spot.offset);
   const DevicePtr addr = ranges.node(node).addr;
@@ -96,11 +96,17 @@ Backing::Taken Backing::take_placed(const Placement::Spot& spot, std::size_t byt
   }
   if (!backed) [[unlikely]] {
     ranges.release(node);
-    chunks_.release_spares();  // chunks created for this request go back to the device
-    chunks_.throw_oom(requested, streams_.progress.stream(arenas_[spot.arena].stream));
+    return std::nullopt;
   }
   pages_.pin_if_pinning(spot.arena, addr, bytes);
-  return {spot.arena, node, addr};
+  return Taken{spot.arena, node, addr};
+}
+
+Backing::Taken Backing::take_placed(const Placement::Spot& spot, std::size_t bytes,
+                                    std::size_t requested) {
+  if (const std::optional<Taken> taken = take_and_back(spot, bytes)) [[likely]] return *taken;
+  chunks_.release_spares();  // chunks created for this request go back to the device
+  chunks_.throw_oom(requested, streams_.progress.stream(arenas_[spot.arena].stream));
 }
 
 [[gnu::noinline]] Backing::Taken Backing::take_kept(std::uint32_t si, std::size_t bytes,
@@ -201,19 +207,9 @@ Backing::Taken Backing::take_sized(std::uint32_t si, std::size_t bytes, std::siz
   // (Not while places are kept for CUDA graphs: a kept place is matched by its block's size.)
   if (slot == bytes || placement_.keeps_places()) [[likely]] return take_online(si, bytes, requested);
   try {
-    const Placement::Spot spot = placement_.online(si, slot, pages_.clock());
-    RangeAllocator& ranges = arenas_[spot.arena].ranges;
-    const NodeId node = ranges.take(spot.node, slot, spot.offset);
-    const DevicePtr addr = ranges.node(node).addr;
-    bool backed = false;
-    try {
-      backed = back(spot.arena, addr, slot);
-    } catch (...) {
-      ranges.release(node);
-      throw;
-    }
-    if (backed) return {spot.arena, node, addr};
-    ranges.release(node);
+    if (const std::optional<Taken> taken =
+            take_and_back(placement_.online(si, slot, pages_.clock()), slot))
+      return *taken;
     chunks_.release_spares();
   } catch (const NoAddressSpace&) {  // the block's own size may still fit
   }

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "engine/accounting.hpp"
 #include "engine/arenas.hpp"
@@ -152,6 +153,10 @@ class Backing {
   Taken take_kept(std::uint32_t si, std::size_t bytes, std::size_t requested);
   // Takes `bytes` of the free range at `spot` and backs them (OOM for `requested`).
   Taken take_placed(const Placement::Spot& spot, std::size_t bytes, std::size_t requested);
+  // take_placed's part both it and take_sized need: the range taken and backed (its pages pinned
+  // while pinning), or nullopt with the range given back where no memory backs it; a throw
+  // gives the range back too.
+  std::optional<Taken> take_and_back(const Placement::Spot& spot, std::size_t bytes);
   // Backs a used range with mapped pages: the fast path, or the Mapper's slow one.
   bool back(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
     if (pages_.take(arena, addr, bytes)) [[likely]] return true;
