@@ -1,6 +1,5 @@
 // Engines as handles (include/gmem/gmem.h): a device's own engine and private pools, each a
 // gmem::Engine of its own over the device's (shared, thread-safe) Device.
-#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -114,12 +113,7 @@ gmem_status_t gmem_engine_of(const void* ptr, gmem_engine_t** engine) {
   return run_guarded("gmem_engine_of", [&] {
     if (engine == nullptr) throw gmem::Error(gmem::Errc::invalid_argument, "engine is NULL");
     *engine = gmem::capi::owner(ptr);
-    if (*engine == nullptr) {
-      char text[96];
-      std::snprintf(text, sizeof text, "%p was not allocated by gmem (no engine owns this address)",
-                    ptr);
-      throw gmem::Error(gmem::Errc::invalid_pointer, text);
-    }
+    if (*engine == nullptr) throw gmem::capi::foreign_pointer(ptr);
   });
 }
 

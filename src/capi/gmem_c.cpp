@@ -59,18 +59,9 @@ gmem_status_t guarded(const char* function, Body&& body) noexcept {
   }
 }
 
-std::string hex(const void* ptr) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%p", ptr);
-  return buffer;
-}
-
 gmem_engine& owner_of(const void* ptr) {
   gmem_engine* owner = gmem::capi::likely_owner(ptr);
-  if (owner == nullptr) {
-    throw gmem::Error(gmem::Errc::invalid_pointer,
-                      hex(ptr) + " was not allocated by gmem (no engine owns this address)");
-  }
+  if (owner == nullptr) throw gmem::capi::foreign_pointer(ptr);
   return *owner;
 }
 

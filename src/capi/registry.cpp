@@ -230,7 +230,7 @@ class Registry {
       DeviceContext* first = first_.load(std::memory_order_acquire);
       if (first != nullptr) return &first->handle;
     }
-    return book_.find(reinterpret_cast<DevicePtr>(ptr));
+    return owner(ptr);
   }
 
   std::unique_ptr<Device> pool_view(DeviceContext& context, gmem_engine& pool) {

@@ -8,6 +8,7 @@
 //   GMEM_DEVICE=sim:             one SimulatedDevice (device 0); GMEM_SIM_CAPACITY=bytes sizes it
 #pragma once
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "gmem/device.hpp"
 #include "gmem/engine.hpp"
+#include "gmem/error.hpp"
 #include "gmem/stats_group.hpp"
 
 namespace gmem {
@@ -75,6 +77,14 @@ gmem_engine* owner(const void* ptr);
 // The engine to ask about `ptr`: owner(ptr), but without a lookup while one engine is in use (one
 // device, no pool), whose own block lookup then tells a foreign pointer apart. gmem_free's path.
 gmem_engine* likely_owner(const void* ptr);
+
+// What gmem_free and gmem_engine_of say of a pointer no engine owns.
+inline Error foreign_pointer(const void* ptr) {
+  char text[96];
+  std::snprintf(text, sizeof text, "%p was not allocated by gmem (no engine owns this address)",
+                ptr);
+  return Error(Errc::invalid_pointer, text);
+}
 
 // A view of `context`'s device for the pool `pool`: the address ranges the pool's engine reserves
 // through it are recorded as the pool's, so that owner() finds the pool.
