@@ -1,5 +1,6 @@
 // What the engine's tests (engine_test.cpp, engine_limits_test.cpp, engine_streams_test.cpp,
-// engine_capture_test.cpp) share: sizes, and the simulated device's options.
+// engine_capture_test.cpp) share: sizes, and the simulated device's options. The step plan and
+// fault replay tests take their sizes from here too.
 #pragma once
 
 #include <cstddef>

@@ -1,9 +1,12 @@
-// Fault injection on real work: the captured traces of tests/data replayed through an Engine on
-// a SimulatedDevice whose GPU lags 2 ms behind a host clock that follows the trace, while one
-// kind of device call fails at its 1st, 3rd, 10th, 30th, 100th, 300th, 1000th call and every
-// 1000th after (one failure armed at a time). Blocks are also used on side streams (record_stream), the cache is emptied, the limit
-// lowered and a malloc made to run out of memory along the way, so that every device call the
-// engine makes is reached: event calls, unmaps and releases included.
+// Fault injection on real work, one thread: trace replays on roomy and on tight devices survive
+// every injected failure, faults during ~Engine leak only what the failed call held.
+//
+// How: the captured traces of tests/data are replayed through an Engine on a SimulatedDevice
+// whose GPU lags 2 ms behind a host clock that follows the trace, while one kind of device call
+// fails at its 1st, 3rd, 10th, 30th, 100th, 300th, 1000th call and every 1000th after (one
+// failure armed at a time). Blocks are also used on side streams (record_stream), the cache is
+// emptied, the limit lowered and a malloc made to run out of memory along the way, so that every
+// device call the engine makes is reached: event calls, unmaps and releases included.
 //
 // After each failure: the error names the failed call (an OutOfMemoryError for the device's
 // out-of-memory variant of cuMemCreate), invariants hold, the device's chunks are exactly what
@@ -12,24 +15,20 @@
 // chunk back, and the engine's destruction leaves no chunk, range or event behind.
 //
 // Faults during ~Engine (which cannot report them) are checked apart: what leaks is what the
-// failed call held, nothing more. And the same under four threads, streams completing only when
-// their thread says so (submit_work / complete_stream), faults re-armed as they fire.
+// failed call held, nothing more.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <map>
-#include <mutex>
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "fault_harness.hpp"
+#include "fault_replay_test_support.hpp"
 #include "gmem/engine.hpp"
 #include "gmem/error.hpp"
 #include "gmem/sim_device.hpp"
@@ -42,66 +41,10 @@ using testing::all_faults;
 using testing::Fault;
 using testing::fault_name;
 
-using testing::compile_trace;
 using testing::kSanitized;
 using testing::TraceProgram;
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
-constexpr std::size_t kGranule = 2 * MiB;
-constexpr std::size_t kCapacity = std::size_t{80} << 30;  // also each arena's virtual size
 constexpr StreamId kSide1 = 0x51de1, kSide2 = 0x51de2;
-
-std::string data_file(const std::string& name) { return std::string(GMEM_TEST_DATA) + "/" + name; }
-
-
-// Figures for README: per fault kind, summed over traces (printed at the end of the run).
-struct Tally {
-  std::uint64_t runs = 0, injected = 0, surfaced = 0, survived_runs = 0, ops = 0;
-  std::uint64_t waits = 0, retries = 0;  // the engine's num_sync_all_streams, num_alloc_retries
-  Tally& operator+=(const Tally& t) {
-    runs += t.runs;
-    injected += t.injected;
-    surfaced += t.surfaced;
-    survived_runs += t.survived_runs;
-    ops += t.ops;
-    waits += t.waits;
-    retries += t.retries;
-    return *this;
-  }
-};
-std::mutex g_tally_mutex;
-std::map<std::string, Tally> g_replay_tally, g_tight_tally, g_thread_tally;
-
-class PrintTallies : public ::testing::Environment {
- public:
-  void TearDown() override {
-    auto print = [](const char* title, const std::map<std::string, Tally>& tally) {
-      if (tally.empty()) return;
-      std::printf("\n%s\n%-24s %6s %9s %9s %9s %10s %8s %8s\n", title, "fault", "runs", "injected",
-                  "surfaced", "survived", "ops", "waits", "retries");
-      auto row = [](const char* name, const Tally& t) {
-        std::printf("%-24s %6llu %9llu %9llu %9llu %10llu %8llu %8llu\n", name,
-                    static_cast<unsigned long long>(t.runs), static_cast<unsigned long long>(t.injected),
-                    static_cast<unsigned long long>(t.surfaced),
-                    static_cast<unsigned long long>(t.survived_runs), static_cast<unsigned long long>(t.ops),
-                    static_cast<unsigned long long>(t.waits), static_cast<unsigned long long>(t.retries));
-      };
-      Tally sum;
-      for (const auto& [name, t] : tally) {
-        row(name.c_str(), t);
-        sum += t;
-      }
-      row("total", sum);
-    };
-    std::lock_guard lock(g_tally_mutex);
-    print("fault injection on trace replays (injected: failures fired; surfaced: reported to the caller)",
-          g_replay_tally);
-    print("fault injection on tight devices (two_streams 832 MiB, resnet50 5.6 GiB, gpt2 13 GiB, llama 11.25 GiB)",
-          g_tight_tally);
-    print("fault injection under 4 threads", g_thread_tally);
-  }
-};
-const auto* const g_print = ::testing::AddGlobalTestEnvironment(new PrintTallies);
 
 // A check that stops the run with a message saying where it stood.
 struct Violation : std::logic_error {
@@ -118,18 +61,6 @@ constexpr std::uint64_t kEvery = 1000;
 std::uint64_t point_call(std::size_t point) {
   constexpr std::size_t n = std::size(kPoints);
   return point < n ? kPoints[point] : kPoints[n - 1] + (point - n + 1) * kEvery;
-}
-
-// Whether `e` is what the injected fault should look like to the caller.
-bool reads_as(const std::exception& e, const Fault& f) {
-  if (f.oom) {
-    const auto* oom = dynamic_cast<const OutOfMemoryError*>(&e);
-    return oom != nullptr && oom->info().reason == "device";
-  }
-  const auto* de = dynamic_cast<const DeviceError*>(&e);
-  const std::string name = device_call_name(f.call);
-  return de != nullptr && de->call() == name && std::string(e.what()).find(name) != std::string::npos &&
-         std::string(e.what()).find("injected failure") != std::string::npos;
 }
 
 class FaultyReplay {
@@ -327,36 +258,6 @@ class FaultyReplay {
   std::set<StreamId> streams_tried_, streams_served_;
 };
 
-// The traces, cut to keep the suite quick (the sanitizer builds take a shorter cut).
-struct TraceCut {
-  const char* file;
-  std::size_t max_ops;
-};
-const TraceCut kTraces[] = {
-    {"resnet50.trace.csv.gz", 0},                   // 6.7k mallocs and frees, one stream
-    {"gpt2.trace.csv.gz", 0},                       // 13.6k, one stream
-    {"two_streams.trace.csv.gz", 0},                // two streams taking memory from each other
-    {"llama_ckpt_varlen.trace.csv.gz", 0},          // 84k, lengths taking turns: stitching, unmaps
-};
-
-const std::vector<TraceProgram>& programs() {
-  static const std::vector<TraceProgram> all = [] {
-    std::vector<TraceProgram> out;
-    for (const TraceCut& cut : kTraces) {
-      std::size_t max_ops = cut.max_ops;
-      if (kSanitized) max_ops = max_ops == 0 ? 6000 : std::min<std::size_t>(max_ops, 6000);
-      out.push_back(compile_trace(trace::read_trace(data_file(cut.file)), max_ops));
-    }
-    return out;
-  }();
-  return all;
-}
-
-void add_tally(std::map<std::string, Tally>& tally, const std::string& name, const Tally& t) {
-  std::lock_guard lock(g_tally_mutex);
-  tally[name] += t;
-}
-
 // Runs a replay; a violated check or an unexpected exception fails the test and counts as a run.
 Tally run_reporting_failures(FaultyReplay& replay) {
   Tally t;
@@ -372,7 +273,6 @@ Tally run_reporting_failures(FaultyReplay& replay) {
   return t;
 }
 
-class FaultReplay : public ::testing::TestWithParam<Fault> {};
 
 TEST_P(FaultReplay, RealTracesSurviveEveryInjectedFailure) {
   const Fault fault = GetParam();
@@ -487,151 +387,6 @@ TEST(FaultBugs, FailedEventDestroyLeavesNoDestroyedEventPending) {
   if (q != nullptr) engine.free(q);
   EXPECT_NO_THROW(engine.empty_cache());
   engine.check_invariants();
-}
-
-// --- under threads ---------------------------------------------------------------------------
-
-// Four threads replay a trace's allocations and frees, each on its own stream (one that
-// completes its work only when its thread says so), lending blocks to the next thread's stream;
-// a controller arms one failure of the kind at a time and re-arms it as soon as it fires.
-TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
-  const Fault fault = GetParam();
-  constexpr int kThreads = 4;
-  const TraceProgram& program = programs()[0];  // resnet50
-  const std::size_t ops = std::min<std::size_t>(program.ops.size(), kSanitized ? 1500 : 6000);
-  SimDeviceOptions o;
-  o.capacity = kCapacity;
-  o.streams_complete_immediately = false;
-  SimulatedDevice device(o);
-  std::optional<Engine> engine;
-  engine.emplace(device);
-
-  std::atomic<int> running{kThreads};
-  std::atomic<std::uint64_t> ops_done{0};
-  std::atomic<std::uint64_t> surfaced{0};
-  std::mutex failures_mutex;
-  std::vector<std::string> failures;
-  auto fail = [&](const std::string& what) {
-    std::lock_guard lock(failures_mutex);
-    if (failures.size() < 8) failures.push_back(what);
-  };
-  std::vector<std::vector<void*>> leftovers(kThreads);
-
-  auto worker = [&](int t) {
-    const auto stream = static_cast<StreamId>(0x1000 + t);
-    const auto next = static_cast<StreamId>(0x1000 + (t + 1) % kThreads);
-    std::vector<void*> blocks(program.slots, nullptr);
-    // A failed call is retried until it succeeds: the controller may arm the next failure
-    // between a failure and its retry, so a few in a row are possible, each of the kind armed.
-    auto attempt = [&](const char* what, auto&& f) {
-      int faults = 0;
-      for (int tries = 0;; ++tries) {
-        try {
-          f();
-          return true;
-        } catch (const OutOfMemoryError& e) {
-          // Thread 1 lowers the limit for a moment: another thread's malloc may not fit under it.
-          if (reads_as(e, fault)) {
-            surfaced.fetch_add(1);
-          } else if (e.info().reason != "limit" || tries > 100000) {
-            fail(std::string(what) + " ran out of memory: " + e.what());
-            return false;
-          }
-          std::this_thread::yield();
-        } catch (const std::exception& e) {
-          if (!reads_as(e, fault)) {
-            fail(std::string(what) + " failed, but not as injected: " + e.what());
-            return false;
-          }
-          surfaced.fetch_add(1);
-          if (++faults > 20) {
-            fail(std::string(what) + " kept failing: " + e.what());
-            return false;
-          }
-        }
-      }
-    };
-    for (std::size_t i = 0; i < ops; ++i) {
-      const testing::TraceOp& op = program.ops[i];
-      device.submit_work(stream);  // a kernel: events recorded from now on wait for it
-      bool ok;
-      if (op.malloc) {
-        ok = attempt("malloc", [&] { blocks[op.slot] = engine->malloc(op.size, stream); });
-        if (ok && i % 7 == 0) engine->record_stream(blocks[op.slot], next);
-      } else {
-        ok = attempt("free", [&] { engine->free(blocks[op.slot]); });
-        if (ok) blocks[op.slot] = nullptr;
-      }
-      if (!ok) break;
-      ops_done.fetch_add(1);
-      if (i % 64 == 63) device.complete_stream(stream);  // this thread's GPU work caught up
-      if (t == 0 && i % 1000 == 999) attempt("empty_cache", [&] { engine->empty_cache(); });
-      if (t == 1 && i % 1000 == 499) {
-        const auto reserved = static_cast<std::size_t>(engine->stats().reserved_bytes[kAllPools].current);
-        attempt("set_memory_limit", [&] { engine->set_memory_limit(reserved / 2 / kGranule * kGranule + kGranule); });
-        attempt("set_memory_limit(0)", [&] { engine->set_memory_limit(0); });
-      }
-    }
-    for (void* p : blocks)
-      if (p != nullptr) leftovers[t].push_back(p);
-    running.fetch_sub(1);
-  };
-
-  std::uint64_t injected = 0;
-  std::thread controller([&] {
-    std::uint64_t armed_at = 0;
-    std::uint64_t nth = 1;
-    std::uint64_t fired_at_op = 0;
-    bool fired = false;
-    while (running.load() > 0) {
-      const std::uint64_t calls = device.calls(fault.call);
-      if (!fired && armed_at != 0 && calls >= armed_at) {
-        fired = true;
-        fired_at_op = ops_done.load();
-        ++injected;
-      }
-      // The next failure once the threads have made some progress since the last one (a call
-      // made a hundred times a malloc, like cuEventQuery, would otherwise fail every retry).
-      if (armed_at == 0 || (fired && ops_done.load() >= fired_at_op + 32)) {
-        fired = false;
-        device.fail_call(fault.call, nth, fault.oom);
-        armed_at = calls + nth;
-        nth = nth >= 64 ? 1 : nth * 4;  // 1st, 4th, 16th, 64th call from now, and again
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    if (!fired && armed_at != 0 && device.calls(fault.call) >= armed_at) ++injected;
-    device.fail_call(fault.call, 0);
-  });
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
-  for (auto& th : threads) th.join();
-  controller.join();
-  for (const std::string& f : failures) ADD_FAILURE() << fault_name(fault) << ": " << f;
-  ASSERT_TRUE(failures.empty());
-
-  engine->check_invariants();
-  testing::expect_no_chunk_lost(device, *engine, "after the threads");
-  device.complete_all_streams();
-  for (auto& blocks : leftovers)
-    for (void* p : blocks) engine->free(p);
-  engine->empty_cache();
-  engine->check_invariants();
-  EXPECT_EQ(engine->stats().allocated_bytes[kAllPools].current, 0);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), kThreads * kCapacity);  // one arena per stream
-  engine.reset();
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), 0u);
-  EXPECT_EQ(device.live_events(), 0u);
-
-  Tally t;
-  t.runs = 1;
-  t.injected = injected;
-  t.surfaced = surfaced.load();
-  t.survived_runs = ::testing::Test::HasFailure() ? 0 : 1;
-  t.ops = kThreads * ops;
-  add_tally(g_thread_tally, fault_name(fault), t);
 }
 
 }  // namespace
