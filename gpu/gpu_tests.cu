@@ -5,126 +5,26 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 #include <vector>
 
 #include "gmem/cuda_device.hpp"
 #include "gmem/engine.hpp"
+#include "gpu/checking_device.hpp"
 #include "gpu/gpu_kernels.cuh"
 
 namespace gmem {
 namespace {
 
+using gpu_test::CheckingDevice;
 using gpu_test::delayed_fill;
 using gpu_test::fill;
 using gpu_test::mismatches;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::uint64_t kDelayNs = 300'000'000;  // keeps a stream busy for 0.3 s
-
-// Forwards to a real device and fails the test on misuse the driver might not catch at once: an
-// address mapped twice, a chunk released while still mapped. (A chunk mapped at several addresses
-// is how the engine stitches: its aliases.)
-class CheckingDevice final : public Device {
- public:
-  explicit CheckingDevice(Device& inner) : inner_(inner) {}
-  std::size_t granularity() const override { return inner_.granularity(); }
-  DeviceMemInfo mem_info() override { return inner_.mem_info(); }
-  std::string name() const override { return inner_.name(); }
-  int index() const override { return inner_.index(); }
-  DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
-    return inner_.reserve_address(size, alignment);
-  }
-  void release_address(DevicePtr base, std::size_t size) override {
-    inner_.release_address(base, size);
-  }
-  ChunkHandle create_chunk(std::size_t size) override { return inner_.create_chunk(size); }
-  void release_chunk(ChunkHandle chunk) override {
-    {
-      std::lock_guard lock(mutex_);
-      EXPECT_EQ(maps_of_[chunk], 0) << "chunk released while still mapped";
-      maps_of_.erase(chunk);
-    }
-    inner_.release_chunk(chunk);
-  }
-  void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
-    {
-      std::lock_guard lock(mutex_);
-      EXPECT_EQ(va_chunk_.count(va), 0u) << "address mapped twice";
-      va_chunk_[va] = {chunk, size};
-      unaccessed_.insert(va);
-      ++maps_of_[chunk];
-      ++maps_;
-      aliases_ += maps_of_[chunk] > 1;
-    }
-    try {
-      inner_.map(va, size, chunk);
-    } catch (...) {  // not mapped after all
-      std::lock_guard lock(mutex_);
-      va_chunk_.erase(va);
-      unaccessed_.erase(va);
-      --maps_of_[chunk];
-      throw;
-    }
-  }
-  void unmap(DevicePtr va, std::size_t size) override {
-    {
-      // The driver broke a chunk when an alias of it was unmapped between another thread's
-      // cuMemMap and cuMemSetAccess of it (Backing::mapping_calls_).
-      std::lock_guard lock(mutex_);
-      for (auto it = va_chunk_.lower_bound(va); it != va_chunk_.end() && it->first < va + size; ++it)
-        for (DevicePtr other : unaccessed_)
-          EXPECT_FALSE(other != it->first && va_chunk_.at(other).first == it->second.first)
-              << "an alias unmapped while another awaits its access";
-    }
-    inner_.unmap(va, size);
-    std::lock_guard lock(mutex_);
-    for (auto it = va_chunk_.lower_bound(va); it != va_chunk_.end() && it->first < va + size;) {
-      --maps_of_[it->second.first];
-      unaccessed_.erase(it->first);
-      it = va_chunk_.erase(it);
-    }
-  }
-  void set_access(DevicePtr va, std::size_t size) override {
-    inner_.set_access(va, size);
-    std::lock_guard lock(mutex_);
-    unaccessed_.erase(unaccessed_.lower_bound(va), unaccessed_.lower_bound(va + size));
-  }
-  EventHandle create_event() override { return inner_.create_event(); }
-  void destroy_event(EventHandle event) override { inner_.destroy_event(event); }
-  void record_event(EventHandle event, StreamId stream) override {
-    inner_.record_event(event, stream);
-  }
-  bool query_event(EventHandle event) override { return inner_.query_event(event); }
-  void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
-  void wait_event(StreamId stream, EventHandle event) override { inner_.wait_event(stream, event); }
-  bool stream_capturing(StreamId stream) override { return inner_.stream_capturing(stream); }
-  double host_time() const override { return inner_.host_time(); }
-  CallTimes call_times() const override { return inner_.call_times(); }
-
-  int maps() const {
-    std::lock_guard lock(mutex_);
-    return maps_;
-  }
-  int aliases() const {  // maps of a chunk already mapped elsewhere
-    std::lock_guard lock(mutex_);
-    return aliases_;
-  }
-
- private:
-  Device& inner_;
-  mutable std::mutex mutex_;
-  std::map<ChunkHandle, int> maps_of_;
-  std::map<DevicePtr, std::pair<ChunkHandle, std::size_t>> va_chunk_;
-  std::set<DevicePtr> unaccessed_;  // mapped, access not set yet (a few at a time)
-  int maps_ = 0;
-  int aliases_ = 0;
-};
 
 StreamId id(cudaStream_t stream) { return reinterpret_cast<StreamId>(stream); }
 

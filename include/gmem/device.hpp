@@ -1,6 +1,7 @@
 // The device layer: what the engine needs from a GPU, one-to-one with CUDA's virtual memory API
 // (cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess / cuMemUnmap / cuMemRelease) plus
-// events for stream ordering. Implementations: SimulatedDevice (tests, replay) and CudaDevice.
+// events for stream ordering. Implementations: SimulatedDevice (tests, replay) and CudaDevice; a
+// device that wraps another derives from ForwardingDevice (forwarding_device.hpp).
 //
 // Every method reports failure by throwing gmem::DeviceError; create_chunk throws one with
 // device_out_of_memory() set when the device has no memory left.

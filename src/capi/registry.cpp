@@ -16,6 +16,7 @@
 
 #include "common/byte_count.hpp"
 #include "gmem/error.hpp"
+#include "gmem/forwarding_device.hpp"
 #include "gmem/sim_device.hpp"
 #ifdef GMEM_HAVE_CUDA
 #include "gmem/cuda_device.hpp"
@@ -57,50 +58,25 @@ class AddressBook {
 
 // One engine's view of its device: forwards every call, recording the ranges the engine reserves
 // in the address book under the engine. `views` counts the views alive (owner()'s shortcut).
-class RecordingDevice final : public Device {
+class RecordingDevice final : public ForwardingDevice {
  public:
   RecordingDevice(Device& inner, AddressBook& book, gmem_engine& owner, std::atomic<int>& views)
-      : inner_(inner), book_(book), owner_(owner), views_(views) {
+      : ForwardingDevice(inner), book_(book), owner_(owner), views_(views) {
     views_.fetch_add(1, std::memory_order_release);
   }
   ~RecordingDevice() override { views_.fetch_sub(1, std::memory_order_release); }
-  RecordingDevice(const RecordingDevice&) = delete;
-  RecordingDevice& operator=(const RecordingDevice&) = delete;
 
-  std::size_t granularity() const override { return inner_.granularity(); }
-  DeviceMemInfo mem_info() override { return inner_.mem_info(); }
-  std::string name() const override { return inner_.name(); }
-  int index() const override { return inner_.index(); }
   DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
-    const DevicePtr base = inner_.reserve_address(size, alignment);
+    const DevicePtr base = inner().reserve_address(size, alignment);
     book_.add(base, size, &owner_);
     return base;
   }
   void release_address(DevicePtr base, std::size_t size) override {
-    inner_.release_address(base, size);
+    inner().release_address(base, size);
     book_.remove(base);
   }
-  ChunkHandle create_chunk(std::size_t size) override { return inner_.create_chunk(size); }
-  void release_chunk(ChunkHandle chunk) override { inner_.release_chunk(chunk); }
-  void map(DevicePtr va, std::size_t size, ChunkHandle chunk) override {
-    inner_.map(va, size, chunk);
-  }
-  void unmap(DevicePtr va, std::size_t size) override { inner_.unmap(va, size); }
-  void set_access(DevicePtr va, std::size_t size) override { inner_.set_access(va, size); }
-  EventHandle create_event() override { return inner_.create_event(); }
-  void destroy_event(EventHandle event) override { inner_.destroy_event(event); }
-  void record_event(EventHandle event, StreamId stream) override {
-    inner_.record_event(event, stream);
-  }
-  bool query_event(EventHandle event) override { return inner_.query_event(event); }
-  void synchronize_event(EventHandle event) override { inner_.synchronize_event(event); }
-  void wait_event(StreamId stream, EventHandle event) override { inner_.wait_event(stream, event); }
-  bool stream_capturing(StreamId stream) override { return inner_.stream_capturing(stream); }
-  double host_time() const override { return inner_.host_time(); }
-  CallTimes call_times() const override { return inner_.call_times(); }
 
  private:
-  Device& inner_;
   AddressBook& book_;
   gmem_engine& owner_;
   std::atomic<int>& views_;

@@ -16,10 +16,12 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gmem/engine.hpp"
 #include "gmem/error.hpp"
+#include "gmem/forwarding_device.hpp"
 #include "gmem/sim_device.hpp"
 #include "map_ahead_settle.hpp"
 
@@ -30,12 +32,20 @@ constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr auto kPatience = std::chrono::seconds(20);  // far beyond any run, TSan's included
 
+// Holds GatedDevice's SimulatedDevice: as a base listed before ForwardingDevice it is constructed
+// before ForwardingDevice takes a reference to it, and destroyed after.
+struct OwnsSim {
+  explicit OwnsSim(SimDeviceOptions options) : sim(std::move(options)) {}
+  SimulatedDevice sim;
+};
+
 // A SimulatedDevice whose calls of one kind wait while the gate is shut; a held map can be made
 // to fail.
-class GatedDevice final : public Device {
+class GatedDevice final : private OwnsSim, public ForwardingDevice {
  public:
-  explicit GatedDevice(SimDeviceOptions options = {}) : sim(options) {}
-  SimulatedDevice sim;
+  explicit GatedDevice(SimDeviceOptions options = {})
+      : OwnsSim(std::move(options)), ForwardingDevice(sim) {}
+  using OwnsSim::sim;  // the device behind the gate: its counts, failures and streams
 
   void shut(DeviceCall call = DeviceCall::map) {
     std::lock_guard lock(mutex_);
@@ -88,27 +98,11 @@ class GatedDevice final : public Device {
     pass(DeviceCall::create_chunk);
     return sim.create_chunk(size);
   }
-  bool stream_capturing(StreamId stream) override { return sim.stream_capturing(stream); }
   void synchronize_event(EventHandle event) override {
     pass(DeviceCall::synchronize_event);
     sim.synchronize_event(event);
   }
-  double host_time() const override { return sim.host_time(); }
-  CallTimes call_times() const override { return sim.call_times(); }
-
-  std::size_t granularity() const override { return sim.granularity(); }
-  DeviceMemInfo mem_info() override { return sim.mem_info(); }
   std::string name() const override { return "gated " + sim.name(); }
-  DevicePtr reserve_address(std::size_t size, std::size_t alignment) override {
-    return sim.reserve_address(size, alignment);
-  }
-  void release_address(DevicePtr base, std::size_t size) override { sim.release_address(base, size); }
-  void release_chunk(ChunkHandle chunk) override { sim.release_chunk(chunk); }
-  EventHandle create_event() override { return sim.create_event(); }
-  void destroy_event(EventHandle event) override { sim.destroy_event(event); }
-  void record_event(EventHandle event, StreamId stream) override { sim.record_event(event, stream); }
-  bool query_event(EventHandle event) override { return sim.query_event(event); }
-  void wait_event(StreamId stream, EventHandle event) override { sim.wait_event(stream, event); }
 
  private:
   void pass(DeviceCall call) {
