@@ -5,16 +5,16 @@
 #include <bit>
 #include <string>
 
-#include "gmem/engine.hpp"
 #include "gmem/error.hpp"
 
 namespace gmem::detail {
 
 namespace {
-std::size_t checked_page_size(const Device& device, std::size_t page_size) {
+std::size_t checked_page_size(const Device& device, std::size_t page_size, std::size_t alignment) {
   const std::size_t granularity = device.granularity();
-  if (!std::has_single_bit(granularity) || granularity < kAlignment)
-    throw Error(Errc::invalid_argument, "device granularity must be a power of two >= 512, got " +
+  if (!std::has_single_bit(granularity) || granularity < alignment)
+    throw Error(Errc::invalid_argument, "device granularity must be a power of two >= " +
+                                            std::to_string(alignment) + ", got " +
                                             std::to_string(granularity));
   if (page_size == 0) return granularity;
   if (!std::has_single_bit(page_size) || page_size < granularity || page_size > Backing::kMaxPageSize)
@@ -30,7 +30,7 @@ Backing::Backing(Device& device, Streams& streams, Accounting& accounting,
                  EngineObserver* const& observer, BackingClient& client, const EngineLock& lock,
                  Options options)
     : device_(device), streams_(streams), accounting_(accounting),
-      arenas_(device, streams, client, checked_page_size(device, options.page_size)),
+      arenas_(device, streams, client, checked_page_size(device, options.page_size, options.alignment)),
       placement_(arenas_), pages_(arenas_, streams),
       calls_(device, pages_, accounting, observer, arenas_.page_shift()),
       chunks_(device, arenas_, pages_, calls_, accounting, observer, client, lock,

@@ -25,7 +25,8 @@ std::string hex(DevicePtr ptr) {
 Engine::Impl::Impl(Device& device, EngineOptions options)
     : device_(device), options_(options), streams_(device),
       backing_(device, streams_, accounting_, observer_, *this, lock_,
-               {.page_size = options.page_size, .stable_pages = options.stable_pages,
+               {.page_size = options.page_size, .alignment = kAlignment,
+                .stable_pages = options.stable_pages,
                 .handovers = options.stream_handovers, .map_ahead = options.map_ahead}),
       cross_stream_(device), empty_cache_rule_(options.strict_empty_cache) {
   detail::ChunkSource& chunks = backing_.chunk_source();
