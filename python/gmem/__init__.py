@@ -12,10 +12,20 @@ pure-Python layer over its C API, so importing it needs no compiler.
 
 To make gmem PyTorch's CUDA allocator, call gmem.torch.enable() before the first CUDA
 allocation, or run a script with `python -m gmem.run train.py ...`.
+
+The modules import one way, from the bottom up (tests/python/test_import_layers.py checks it):
+leaves (errors, _format, _version), then _lib, memory, observe (the core), then what is built on
+it: _processes and the _holder_* parts, _holders, distributed, _summary, the fit modules, and
+torch, run and this file at the top. The core calls up only through hooks the modules above
+register when imported (observe.step_listeners, observe._set_report_sections); this file imports
+them all, _holders and distributed included, so that `import gmem` has every one in place.
 """
 
 from ._lib import library_path
-from ._summary import format_bytes, memory_summary
+from ._format import format_bytes
+from ._summary import memory_summary
+from ._version import __version__
+from . import distributed  # noqa: F401  (gmem.step() publishes the rank's row: its hook)
 from .observe import (
     annotate,
     disable_tracking,
@@ -66,8 +76,6 @@ from .memory import (
     reset_peak_memory_stats,
     set_memory_limit,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BadInputError", "DeviceError", "DoubleFreeError", "GmemError", "InvalidArgumentError",

@@ -8,6 +8,7 @@ batch then fits the job exactly when it fits every rank."""
 import datetime
 import json
 
+from . import distributed
 from .errors import FitError
 
 # A probe's byte counts that ranks combine (the most, budget-shifted where they are peaks).
@@ -29,7 +30,6 @@ class _Agreement:
 
     @classmethod
     def for_job(cls, timeout):
-        from . import distributed
         dist = distributed._dist()
         if dist is None or dist.get_world_size() < 2:
             return None

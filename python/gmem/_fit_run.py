@@ -5,8 +5,8 @@ state a fit puts back afterwards. gmem.fit's search decides which steps to run; 
 import gc
 import time
 
-from . import memory
-from ._summary import format_bytes
+from . import memory, observe
+from ._format import format_bytes
 from .errors import InvalidArgumentError, OutOfMemoryError
 
 
@@ -193,7 +193,6 @@ class _Runner:
 
 def _needed_at_failure(device):
     """Allocated bytes plus the request that failed, from gmem's report of the last failure."""
-    from . import observe
     try:
         # libgmem's own report: the two numbers, not the Python layer's holder search
         report = observe._raw_oom_json(-1 if device is None else memory.device_index(device))

@@ -1,7 +1,7 @@
 """What gmem.holders() returns (Holders): the holders grouped by target, their report text, and
 the fix each kind of holder calls for."""
 
-from ._summary import format_bytes
+from ._format import format_bytes
 
 
 def _advice(kind, name, holder, what):

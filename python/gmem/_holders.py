@@ -17,7 +17,9 @@ bounded in time and in objects visited, and says so when it stops at the bound.
 
 The parts: _holder_memory (what exposes device memory), _holder_search (the heap walk),
 _holder_chains (how a chain reads), _holder_results (Holders and its advice), _processes (NVML).
-This module asks the search (holders()) and adds its sections to the leak and OOM reports.
+This module asks the search (holders()) and adds its sections to the leak and OOM reports: it sits
+above gmem.observe, and plugs them into observe's leaks() and last_oom_report() when imported
+(observe._set_report_sections, at the end of this file).
 """
 
 import collections
@@ -27,14 +29,14 @@ import json
 import threading
 import time
 
-from . import _lib
+from . import _lib, observe
+from ._format import _insert_sections, format_bytes
 from ._holder_chains import describe
 from ._holder_memory import _kind_of_type
 from ._holder_results import Holders, _advice, _count
 from ._holder_search import DEFAULT_MAX_OBJECTS, DEFAULT_TIMEOUT, _Search
 # Re-exported: gmem, its reports and the tests take them from here.
 from ._processes import Nvml, Processes, _proc, _safe_processes, processes  # noqa: F401
-from ._summary import format_bytes
 from .memory import device_index
 
 _lock = threading.RLock()  # one search at a time (they are bounded; a second waits for the first)
@@ -69,7 +71,6 @@ def _targets_from(target, device):
     """[(label, [block dicts], kept)] for what holders() was asked about; kept: for a leak
     finding, the bytes it keeps across steps (its leaked memory), else None."""
     if target is None:
-        from . import observe
         if not observe.is_tracking(device):
             return None, ("no target, and device %s is not tracked: no leak findings to look at "
                           "(gmem.enable_tracking(), or pass an address or a site)"
@@ -227,23 +228,9 @@ def _safe_holders(target=None, device=None, timeout=DEFAULT_TIMEOUT,
 
 # --- reports: leaks, OOM, summary -----------------------------------------------------------------
 
-def _insert_sections(text, sections, advice):
-    """`text` (a report with a "What to do:" list) with `sections` before that list and `advice`
-    first in it; appended at the end when the report has no such list."""
-    sections = [s for s in sections if s]
-    marker = "What to do:"
-    at = text.find("\n" + marker)
-    bullets = "".join("  - %s\n" % a for a in advice)
-    if at < 0:
-        out = text.rstrip("\n")
-        for s in sections:
-            out += "\n" + s
-        if bullets:
-            out += "\n" + marker + "\n" + bullets.rstrip("\n")
-        return out + ("\n" if text.endswith("\n") else "")
-    head, tail = text[:at + 1], text[at + 1 + len(marker):]
-    middle = "".join(s + "\n" for s in sections)
-    return head + middle + marker + "\n" + bullets + tail.lstrip("\n")
+def _leak_holders(findings, device):
+    """What holds each leak finding's blocks, for gmem.leaks(): never raises."""
+    return _safe_holders(findings, device)
 
 
 _oom = {"key": None, "holders": None, "processes": None}  # the OOM this module last looked at
@@ -253,7 +240,6 @@ def _on_oom(device=-1, *_):
     """torch's OOM observer (gmem.run attaches it): the holder search while the frames that ran
     out of memory are alive, kept for last_oom_report() and gmem.run's message. Never raises."""
     try:
-        from . import observe
         report = observe._raw_oom_report(-1)
         if report is not None:
             _oom_sections(report, device if isinstance(device, int) else -1)
@@ -270,7 +256,6 @@ def _oom_sections(report_text, device=-1):
         dev = None if device is None or device < 0 else device
         found, now = None, time.monotonic()
         try:
-            from . import observe
             if observe.is_tracking(dev) and "Leak suspects" in report_text:
                 last = _oom.get("searched")
                 if last is not None and now - last[0] < _REUSE_S:
@@ -305,3 +290,7 @@ def _oom_json(report, device=-1, report_text=None):
     if procs is not None:
         report["processes"] = procs.as_dict()
     return report
+
+
+# gmem.leaks() and gmem.last_oom_report() get these sections from now on.
+observe._set_report_sections(_leak_holders, _oom_text, _oom_json)

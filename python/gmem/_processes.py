@@ -5,7 +5,7 @@ to this process: itself, a child, a sibling rank, or another that looks like a l
 import ctypes
 import os
 
-from ._summary import format_bytes
+from ._format import format_bytes
 from .memory import _device_ordinal
 
 

@@ -1,22 +1,12 @@
 """memory_summary(): torch.cuda.memory_summary()'s table, followed by what PyTorch cannot say
 (where reserved-but-unallocated memory went, the largest free range, the top live scopes).
-The table is formatted once, in C++ (gmem_memory_summary), for every language."""
+The table is formatted once, in C++ (gmem_memory_summary), for every language.
 
-from . import _lib, memory
+It composes the core (the table, tracking) with the Python layer's sections (gmem._holders):
+it sits above both, and no module below imports it."""
 
-
-def format_bytes(n):
-    """1536 -> '1.50 KiB' (the same units as gmem's C++ messages)."""
-    n = int(n)
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    if value < 1024:
-        return "%s%d B" % (sign, abs(n))
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024.0
-        if value < 1023.995:
-            break
-    return "%s%.2f %s" % (sign, value, unit)
+from . import _holders, _lib, memory, observe
+from ._format import format_bytes  # noqa: F401  (gmem._summary.format_bytes, as before)
 
 
 def memory_summary(device=None, abbreviated=False):
@@ -26,7 +16,6 @@ def memory_summary(device=None, abbreviated=False):
     table = _lib.text(_lib.lib().gmem_memory_summary, memory.device_index(device))
     # What holds the leaked memory (when tracking found leaks) and the processes on the device
     # (NVML): the Python layer's sections (gmem.holders, docs/holders.md); they never raise.
-    from . import _holders, observe
     sections = []
     try:
         if observe.is_tracking(device):

@@ -22,7 +22,7 @@ import sys
 import time
 
 from . import memory, observe
-from ._summary import format_bytes
+from ._format import format_bytes
 
 # The key each rank's row is published under in the process group's store.
 STORE_PREFIX = "gmem/rank/"
@@ -173,6 +173,16 @@ def publish_now_and_then(device=None):
         return False
     _last_published[0] = now
     return publish(device=device)
+
+
+def _publish_at_step():
+    publish()
+
+
+# gmem.step() publishes this rank's row, first of what runs at a step (observe is below this
+# module and does not import it; gmem/__init__ imports this one, so it is always in place).
+if _publish_at_step not in observe.step_listeners:
+    observe.step_listeners.insert(0, _publish_at_step)
 
 
 def peers(world_size=None, rank=None, store=None, timeout=2.0):

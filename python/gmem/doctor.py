@@ -19,6 +19,7 @@ import os
 import sys
 
 from . import _lib
+from ._version import __version__
 
 # CUdevice_attribute values (cuda.h).
 _ATTR_CC_MAJOR = 75
@@ -160,7 +161,6 @@ def _verdict(lib_path, lib_cuda, devices, torch, route):
 
 
 def _version():
-    from . import __version__
     return __version__
 
 

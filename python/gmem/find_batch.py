@@ -4,6 +4,7 @@ halving the batch after each out-of-memory."""
 import functools
 import gc
 
+from . import observe
 from ._fit_run import _torch, is_out_of_memory
 from .fit import fit_batch_size
 
@@ -27,7 +28,6 @@ class _StopAfterSteps:
             raise _StepDone()
 
     def __enter__(self):
-        from . import observe
         observe.step_listeners.append(self._ended)
         if _torch() is not None:
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -35,7 +35,6 @@ class _StopAfterSteps:
         return self
 
     def __exit__(self, *exc):
-        from . import observe
         observe.step_listeners.remove(self._ended)
         if self._handle is not None:
             self._handle.remove()

@@ -36,7 +36,7 @@ from . import memory
 from ._fit_ranks import _Agreement
 from ._fit_run import (Probe, _budget, _LimitInForce, _load_state, _Runner, _save_state,
                        is_out_of_memory)
-from ._summary import format_bytes
+from ._format import format_bytes
 from .errors import FitError, InvalidArgumentError
 
 __all__ = ["Fit", "FitError", "Probe", "fit_batch_size", "is_out_of_memory"]

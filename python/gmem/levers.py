@@ -3,7 +3,7 @@ checkpointing, inference under no_grad, gradient accumulation, a cap on sequence
 (gmem.what_fits; docs/fit.md)."""
 
 from ._fit_run import _load_state, _save_state, _torch
-from ._summary import format_bytes
+from ._format import format_bytes
 from .fit import fit_batch_size
 
 

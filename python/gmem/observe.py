@@ -15,6 +15,12 @@
 Scopes and call sites are per thread. Python stacks are recorded where this module sets them
 (scope entry, module calls with track_modules(stacks=True), set_frames()): PyTorch's allocator
 calls gmem from C++, where no Python stack can be taken cheaply.
+
+This module is the core the Python layer's features are built on, and imports none of them: they
+plug in when imported (gmem/__init__ imports them all, so `import gmem` behaves as one piece).
+gmem.distributed publishes this rank's row at step() through step_listeners; gmem._holders adds
+who holds the leaked memory, and the processes on the device, to leaks() and last_oom_report()
+through _set_report_sections().
 """
 
 import contextlib
@@ -26,6 +32,7 @@ import sys
 import threading
 
 from . import _lib
+from ._format import _insert_sections
 from .errors import InvalidArgumentError
 from .memory import device_index
 
@@ -143,15 +150,14 @@ def step():
     Also clears this thread's scopes left open by backward hooks that never fired."""
     _clear_backward_scopes()
     _lib.check(_c().gmem_step())
-    # In a torch.distributed job, this rank's memory goes to the store, so that a rank that runs
-    # out of memory can say what the others held (gmem.distributed.peers).
-    from . import distributed
-    distributed.publish()
     for listener in tuple(step_listeners):
         listener()
 
 
-# Called after each gmem.step(), in order (gmem.find_executable_batch_size stops a probe here).
+# Called after each gmem.step(), in order. gmem.distributed puts itself first when imported: in a
+# torch.distributed job, this rank's memory goes to the store, so that a rank that runs out of
+# memory can say what the others held (gmem.distributed.peers). gmem.find_executable_batch_size
+# stops a probe here.
 step_listeners = []
 
 
@@ -258,10 +264,11 @@ def last_oom_report(device=None, as_json=False):
         return None
     # Who holds the leaked memory, and the processes on the device (gmem.holders): searched once
     # per OOM, at the OOM where gmem.run's observer ran, else now; never raises.
-    from . import _holders
+    sections = _report_sections
     if not as_json:
-        return _holders._oom_text(text, dev)
-    return _holders._oom_json(_raw_oom_json(dev), dev, text)
+        return sections["oom_text"](text, dev) if sections["oom_text"] else text
+    report = _raw_oom_json(dev)
+    return sections["oom_json"](report, dev, text) if sections["oom_json"] else report
 
 
 def _raw_oom_report(dev):
@@ -293,7 +300,6 @@ class Leaks:
         self.holders = holders  # a gmem.Holders, or None (leaks(holders=False), or no findings)
         self.text = report.pop("text")
         if holders is not None:
-            from ._holders import _insert_sections
             self.text = _insert_sections(self.text, [str(holders)], holders.advice)
             for finding, target in zip(self.findings_of(report), holders.targets):
                 finding["holders"] = target["groups"]
@@ -369,10 +375,25 @@ def leaks(device=None, holders=True):
     advice; each finding gets "holders", the report .holders."""
     report = json.loads(_lib.text(_c().gmem_leaks_json, device_index(device)))
     found = None
-    if holders and report["leaks"]:
-        from . import _holders
-        found = _holders._safe_holders(list(report["leaks"]), device)
+    search = _report_sections["leak_holders"]
+    if holders and report["leaks"] and search is not None:
+        found = search(list(report["leaks"]), device)
     return Leaks(report, found)
+
+
+# --- the sections gmem._holders adds --------------------------------------------------------------
+
+# Set by gmem._holders when it is imported (gmem/__init__ imports it); None: the reports are
+# libgmem's alone.
+_report_sections = {"leak_holders": None, "oom_text": None, "oom_json": None}
+
+
+def _set_report_sections(leak_holders, oom_text, oom_json):
+    """How the layer above adds its sections to the reports, none of them raising:
+    leak_holders(findings, device) -> gmem.Holders, what holds each leak finding's blocks (leaks());
+    oom_text(report_text, device) -> the OOM report with the holders and processes sections;
+    oom_json(report, device, report_text) -> the OOM report's dict with them (last_oom_report())."""
+    _report_sections.update(leak_holders=leak_holders, oom_text=oom_text, oom_json=oom_json)
 
 
 # --- modules (PyTorch) --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 
 from . import _cli
+from . import fit as fit_module
 from .observe import dump_snapshot
 
 
@@ -31,7 +32,6 @@ def report(path, device=None, png=None, fit=None):
     Returns `path`. Raises RuntimeError with the CLI's message when the report cannot be written
     (no history recorded, no CLI, ...)."""
     if fit is None:
-        from . import fit as fit_module
         fit = fit_module.last_fit
     if fit is not None and fit is not False and not hasattr(fit, "as_dict"):
         raise TypeError("gmem.report: fit is a gmem.Fit (from gmem.fit_batch_size), not %r" % (fit,))

@@ -27,7 +27,7 @@ import os
 import warnings
 import threading
 
-from . import _lib, _shim, _summary, distributed, memory
+from . import _format, _lib, _shim, _summary, distributed, memory
 from .errors import GmemError
 from . import observe
 from .observe import track_modules  # noqa: F401  (gmem.torch.track_modules(model))
@@ -198,7 +198,7 @@ def _check_not_too_late(torch):
     detail = ""
     try:
         held = torch.cuda.memory_reserved()
-        detail = ", which holds %s" % _summary.format_bytes(held)
+        detail = ", which holds %s" % _format.format_bytes(held)
     except Exception:  # the current allocator may not report statistics
         pass
     raise GmemError(_TOO_LATE % detail)

@@ -21,6 +21,7 @@ DOCUMENTED = (
     ("gmem.memory", "gmem."),
     ("gmem.observe", "gmem."),
     ("gmem._summary", "gmem."),
+    ("gmem._format", "gmem."),
     ("gmem._holders", "gmem."),
     ("gmem._holder_results", "gmem."),
     ("gmem._processes", "gmem."),
@@ -59,7 +60,8 @@ class StarImportTest(unittest.TestCase):
         self.assertEqual(set(names) - {"__builtins__"}, set(gmem.__all__))
 
     def test_public_functions_of_observe_memory_and_errors_are_exported(self):
-        for module_name in ("gmem.observe", "gmem.memory", "gmem.errors", "gmem._summary"):
+        for module_name in ("gmem.observe", "gmem.memory", "gmem.errors", "gmem._summary",
+                            "gmem._format"):
             module = importlib.import_module(module_name)
             for name, obj in defined_in(module).items():
                 if module_name == "gmem.memory" and name in MEMORY_HELPERS:
