@@ -39,11 +39,11 @@ namespace gmem::detail {
 class Backing {
  public:
   struct Options {
-    std::size_t page_size = 0;   // EngineOptions::page_size (0: the device's granularity)
-    std::size_t alignment = 512; // every block's (kAlignment): a page holds whole multiples of it
-    bool stable_pages = false;   // EngineOptions::stable_pages (a page keeps its chunk, none aliased)
-    bool handovers = true;       // EngineOptions::stream_handovers
-    bool map_ahead = false;      // EngineOptions::map_ahead
+    std::size_t page_size = 0;    // EngineOptions::page_size (0: the device's granularity)
+    std::size_t alignment = 512;  // every block's (kAlignment): a page holds whole multiples of it
+    bool stable_pages = false;    // EngineOptions::stable_pages (a page keeps its chunk, none aliased)
+    bool handovers = true;        // EngineOptions::stream_handovers
+    bool map_ahead = false;       // EngineOptions::map_ahead
   };
   // Throws Error(invalid_argument) for a device granularity that is not a power of two >= the
   // blocks' alignment, or a page size that is not a power-of-two multiple of it up to
