@@ -228,11 +228,6 @@ def _safe_holders(target=None, device=None, timeout=DEFAULT_TIMEOUT,
 
 # --- reports: leaks, OOM, summary -----------------------------------------------------------------
 
-def _leak_holders(findings, device):
-    """What holds each leak finding's blocks, for gmem.leaks(): never raises."""
-    return _safe_holders(findings, device)
-
-
 _oom = {"key": None, "holders": None, "processes": None}  # the OOM this module last looked at
 
 
@@ -293,4 +288,4 @@ def _oom_json(report, device=-1, report_text=None):
 
 
 # gmem.leaks() and gmem.last_oom_report() get these sections from now on.
-observe._set_report_sections(_leak_holders, _oom_text, _oom_json)
+observe._set_report_sections(_safe_holders, _oom_text, _oom_json)
