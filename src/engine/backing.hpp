@@ -11,6 +11,8 @@
 //                                    trimming and the OOM report; all out of line
 //   MapAhead     (map_ahead.hpp)     a new plan's pages mapped by a thread of its own
 //   Mapper       (mapper.hpp)        a range's slow path: remap, map, set access
+//   RangeTaker   (range_taker.hpp)   a placed range backed by pages (fast path or Mapper), and back
+//   PlannedTaker (planned_taker.hpp) marked steps' ranges: planned, covered, or online
 //
 // Dependencies run down this list and never up. The engine asks Backing for a used range backed
 // by mapped pages and gives ranges back; it never handles a page or a chunk itself.
@@ -18,7 +20,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 
 #include "engine/accounting.hpp"
 #include "engine/arenas.hpp"
@@ -31,6 +32,8 @@
 #include "engine/observer.hpp"
 #include "engine/page_backing.hpp"
 #include "engine/placement.hpp"
+#include "engine/planned_taker.hpp"
+#include "engine/range_taker.hpp"
 #include "engine/streams.hpp"
 #include "gmem/device.hpp"
 
@@ -67,20 +70,15 @@ class Backing {
   void set_arena_size(std::size_t address_space);  // 0: the device's total
 
   // --- the fast path (the steady state makes no device call) ------------------------------------
-  struct Taken {
-    std::uint32_t arena;
-    NodeId node;
-    DevicePtr addr;
-    bool kept = false;  // a kept place taken back (kept_places.hpp): the block keeps its place too
-  };
+  using Taken = RangeTaker::Taken;
   // A used range of `bytes` in one of stream `si`'s arenas, backed by mapped pages; throws
   // OutOfMemoryError (for `requested` bytes) or DeviceError with nothing changed. `plannable`:
   // a block's own range (not a slab's), which a planned step layout may place (mark_step). Both
   // branches are common: gmem.torch marks steps by default, C programs rarely do.
   Taken take_range(std::uint32_t si, std::size_t bytes, std::size_t requested,
                    bool plannable = false) {
-    if (plannable && placement_.planning()) return take_planned(si, bytes, requested);
-    return take_online(si, bytes, requested);
+    if (plannable && placement_.planning()) return planned_.take(si, bytes, requested);
+    return taker_.take_online(si, bytes, requested);
   }
   // A free on arena `arena`'s stream: its stamp (StreamTracker::stamp), which release_range and
   // keep_range take, so that a free held back for other streams can be stamped when it was made.
@@ -93,27 +91,22 @@ class Backing {
   }
   // The used range `node` goes back, freed on its stream at `freed_at` (free_stamp).
   void release_range(std::uint32_t arena, NodeId node, std::uint64_t freed_at) {
-    RangeAllocator& ranges = arenas_[arena].ranges;
-    unref_range(arena, ranges.node(node), freed_at);
-    ranges.release(node);
+    taker_.release(arena, node, freed_at);
   }
-  // release_range for a block whose place a CUDA graph may have captured (kept_places.hpp): its
-  // pages are given back, its range is kept for the next malloc of its size on its stream.
-  // `birth`: Record::birth, the order the blocks were made in.
-  void keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth, std::uint64_t freed_at);
-  // The used range [addr, addr + bytes) in the arena that holds it, backed by mapped pages, as
-  // take_range's; kNoNode in the result's node when that range is not all free (nothing changed).
-  // What Engine::malloc_at puts a block back with.
-  Taken take_at(DevicePtr addr, std::size_t bytes, std::size_t requested);
+  // release_range for a block whose place a CUDA graph may have captured (RangeTaker::keep).
+  void keep_range(std::uint32_t arena, NodeId node, std::uint32_t birth, std::uint64_t freed_at) {
+    taker_.keep(arena, node, birth, freed_at);
+  }
+  // The used range [addr, addr + bytes), as take_range's (RangeTaker::take_at). What
+  // Engine::malloc_at puts a block back with.
+  Taken take_at(DevicePtr addr, std::size_t bytes, std::size_t requested) {
+    return taker_.take_at(addr, bytes, requested);
+  }
 
   // --- planned step layouts (step_plan.hpp) -----------------------------------------------------
-  // A malloc of stream `si` in a slab's slot: it counts among the planned stream's mallocs.
-  void count_slot_malloc(std::uint32_t si) { placement_.tick(si); }
-  // A training step ends: from now on the range mallocs of one stream (the first to make one)
-  // are recorded step by step, and once shapes take turns a step whose shape was seen before
-  // takes its planned offsets; until then it takes its cover's sizes where it fits them, as
-  // does the stream that takes the most bytes, if another (Placement::planner_of).
-  void mark_step();
+  // A malloc of stream `si` in a slab's slot, and a training step's end (PlannedTaker).
+  void count_slot_malloc(std::uint32_t si) { planned_.count_slot_malloc(si); }
+  void mark_step() { planned_.mark_step(); }
   const StepPlanner::Stats& plan_stats() const { return placement_.planner().stats(); }
   // Stops and joins the map-ahead thread (called without the engine's lock, before the engine
   // goes), and gives back what its round still holds.
@@ -142,39 +135,8 @@ class Backing {
   std::int64_t check_invariants() const;
 
  private:
-  Taken take_online(std::uint32_t si, std::size_t bytes, std::size_t requested);
-  Taken take_planned(std::uint32_t si, std::size_t bytes, std::size_t requested);
-  // take_planned on a stream that follows covers only (Placement::planner_of).
-  Taken take_covered(StepPlanner& covers, std::uint32_t si, std::size_t bytes, std::size_t requested);
-  // take_online for a block of `bytes` that takes the range of a larger step's block, `slot`.
-  Taken take_sized(std::uint32_t si, std::size_t bytes, std::size_t slot, std::size_t requested);
-  // take_planned at a step's first malloc: map-ahead's rounds begin (or end) there.
-  void step_begins(std::uint32_t si, const StepPlanner::Ticket& ticket);
-  // take_online while places are kept: the earliest-born kept place of `bytes`, if any.
-  Taken take_kept(std::uint32_t si, std::size_t bytes, std::size_t requested);
-  // Takes `bytes` of the free range at `spot` and backs them (OOM for `requested`).
-  Taken take_placed(const Placement::Spot& spot, std::size_t bytes, std::size_t requested);
-  // take_placed's part both it and take_sized need: the range taken and backed (its pages pinned
-  // while pinning), or nullopt with the range given back where no memory backs it; a throw
-  // gives the range back too.
-  std::optional<Taken> take_and_back(const Placement::Spot& spot, std::size_t bytes);
-  // Backs a used range with mapped pages: the fast path, or the Mapper's slow one.
-  bool back(std::uint32_t arena, DevicePtr addr, std::size_t bytes) {
-    if (pages_.take(arena, addr, bytes)) [[likely]] return true;
-    return mapper_.map_missing(arena, addr, bytes);
-  }
-  // A used range's pages go back (freed at `freed_at` on its stream; the planner told), the
-  // range stays used: release_range and keep_range, which then free or keep it.
-  void unref_range(std::uint32_t arena, const RangeNode& n, std::uint64_t freed_at) {
-    placement_.released(arena, n);
-    pages_.give_back(arena, n.addr, n.size, freed_at);
-  }
-  [[noreturn]] void throw_no_address_space(const NoAddressSpace& e);
-
   Device& device_;
   Streams& streams_;
-  Accounting& accounting_;
-  std::int64_t maps_at_mark_ = 0;  // maps made when the last step was marked
   Arenas arenas_;
   Placement placement_;
   PageBacking pages_;
@@ -182,6 +144,8 @@ class Backing {
   ChunkSource chunks_;
   MapAhead ahead_;
   Mapper mapper_;
+  RangeTaker taker_;
+  PlannedTaker planned_;
 };
 
 }  // namespace gmem::detail

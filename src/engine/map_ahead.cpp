@@ -18,7 +18,7 @@ void MapAhead::start() {
   std::vector<std::uint32_t> queue, ordinals;
   std::vector<bool> seen;
   for (const StepPlanner::PlannedBlock& b : blocks) {
-    if (b.offset + b.size > arena.ranges.size()) continue;  // take_planned sends it online
+    if (b.offset + b.size > arena.ranges.size()) continue;  // PlannedTaker::take sends it online
     const std::size_t first = b.offset >> shift, last = (b.offset + b.size - 1) >> shift;
     if (seen.size() <= last) seen.resize(last + 1);
     for (std::size_t i = first; i <= last; ++i) {

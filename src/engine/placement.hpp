@@ -1,6 +1,6 @@
 // Placement: where a block's range goes, knowing nothing of pages: the best fit in its stream's
 // arenas (online), a place kept for a CUDA graph (kept_places.hpp), or its planned offset in the
-// plan region (step_plan.hpp, plan_region.hpp). Backing backs what it picks with pages, and
+// plan region (step_plan.hpp, plan_region.hpp). RangeTaker backs what it picks with pages, and
 // tells it when that fails.
 #pragma once
 
