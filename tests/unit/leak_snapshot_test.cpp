@@ -16,6 +16,7 @@
 #include "gmem/snapshot.hpp"
 #include "gmem/trace.hpp"
 #include "gmem/tracker.hpp"
+#include "temp_files.hpp"
 #include "trace/replay.hpp"
 
 namespace gmem {
@@ -23,10 +24,7 @@ namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-std::string temp_path(const std::string& name) {
-  const auto* test = testing::UnitTest::GetInstance()->current_test_info();
-  return testing::TempDir() + "gmem_" + test->name() + "_" + std::to_string(::getpid()) + "_" + name;
-}
+using gmem::testing::TempPath;
 
 // Markers are placed among the allocations by time (microseconds): keep steps apart.
 void pause() { std::this_thread::sleep_for(std::chrono::microseconds(300)); }
@@ -35,8 +33,8 @@ void pause() { std::this_thread::sleep_for(std::chrono::microseconds(300)); }
 // then half a step more (after the last marker), written as gmem's snapshot pickle.
 // With `graphs`, each kept block is marked as saved for a backward pass (graph tracking), and
 // with `backward` the program is seen running one.
-std::string leaking_snapshot(std::size_t steps, std::size_t kept, bool graphs = false,
-                             bool backward = false) {
+TempPath leaking_snapshot(std::size_t steps, std::size_t kept, bool graphs = false,
+                          bool backward = false) {
   SimulatedDevice device(SimDeviceOptions{std::size_t{8} << 30});
   Engine engine(device);
   Tracker tracker(engine);
@@ -54,7 +52,7 @@ std::string leaking_snapshot(std::size_t steps, std::size_t kept, bool graphs = 
     if (i < steps) tracker.step();
     pause();
   }
-  const std::string path = temp_path("snapshot.pickle");
+  TempPath path("snapshot.pickle");  // removed once the caller has read it
   write_snapshot_pickle(take_snapshot(engine, &tracker), path);
   for (void* p : live) engine.free(p);
   return path;
@@ -143,7 +141,7 @@ TEST(LeaksInTraces, InferredStepsSaySo) {
 }
 
 TEST(LeaksInTraces, MalformedTraceIsRejectedAsReplayRejectsIt) {
-  const std::string path = temp_path("bad.csv");
+  const TempPath path("bad.csv");
   std::ofstream(path) << "action,addr,size,stream,time_us,user_frame,lib_frame\n"
                       << "alloc,4096,512,0,1,a.py:1:f,\n"
                       << "free_completed,4096,512,0,2,a.py:1:f,\n"

@@ -11,6 +11,7 @@
 #include "gmem/scope.hpp"
 #include "gmem/sim_device.hpp"
 #include "gmem/tracker.hpp"
+#include "temp_files.hpp"
 
 namespace gmem {
 namespace {
@@ -257,8 +258,8 @@ TEST(OomReport, JsonIsValidAndComplete) {
   if (!have_python()) GTEST_SKIP() << "python3 not found: JSON validity not checked";
   const OomReport r = build_oom_report(info(2 * GiB, 8 * GiB, 80 * GiB, 70 * GiB, 7 * GiB, 7 * GiB),
                                        some_live());
-  const std::string path = testing::TempDir() + "oom_report.json";
-  std::ofstream(path) << to_json(r);
+  const gmem::testing::TempPath path("oom_report.json");
+  std::ofstream(path.str()) << to_json(r);
   const std::string check =
       "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
       "assert d['request']['size']==2*2**30 and d['limit']==8*2**30; "
@@ -267,7 +268,7 @@ TEST(OomReport, JsonIsValidAndComplete) {
       "assert d['by_scope'][0]=={'key':'model.h.0.mlp','bytes':400*2**20,'count':2}; "
       "assert len(d['largest'])==10 and d['largest'][0]['site']=='a.py:5:forward'; "
       "assert any('checkpointing' in a for a in d['advice'])\" " +
-      path;
+      path.str();
   EXPECT_EQ(std::system(check.c_str()), 0);
 }
 

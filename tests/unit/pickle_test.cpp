@@ -9,6 +9,7 @@
 
 #include "gmem/error.hpp"
 #include "gmem/trace.hpp"
+#include "temp_files.hpp"
 #include "trace/formats.hpp"
 #include "trace/pickle.hpp"
 #include "trace/replay.hpp"
@@ -173,15 +174,12 @@ TEST(SnapshotPickle, DamagedFilesGiveErrorsNotCrashes) {
   }
 }
 
-class TempFile : public ::testing::Test {
+// The files a test writes go in its own directory, removed after the test; path_: the last.
+class TempFile : public gmem::testing::TempFiles {
  protected:
-  void TearDown() override {
-    if (!path_.empty()) std::filesystem::remove(path_);
-  }
+  TempFile() : TempFiles("gmem_pickle_test_") {}
   const std::string& write(const std::string& name, const std::string& content) {
-    path_ = (std::filesystem::temp_directory_path() /
-             ("gmem_" + std::to_string(::getpid()) + "_" + name)).string();
-    std::ofstream(path_, std::ios::binary) << content;
+    path_ = TempFiles::write(name, content);
     return path_;
   }
   void expect_error(std::size_t line, const std::string& words) {

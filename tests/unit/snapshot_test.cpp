@@ -15,6 +15,7 @@
 #include "gmem/snapshot.hpp"
 #include "gmem/trace.hpp"
 #include "gmem/tracker.hpp"
+#include "temp_files.hpp"
 #include "tracking/pickle_writer.hpp"
 
 #ifndef GMEM_TEST_DATA
@@ -29,21 +30,17 @@ constexpr std::size_t kPage = 2 * MiB;
 
 bool have_python() { return std::system("python3 -c pass >/dev/null 2>&1") == 0; }
 
-// ctest runs tests in parallel processes: every file is named after its test and process.
-std::string temp_path(const std::string& name) {
-  const auto* test = testing::UnitTest::GetInstance()->current_test_info();
-  return testing::TempDir() + "gmem_" + test->name() + "_" + std::to_string(::getpid()) + "_" + name;
-}
+using gmem::testing::TempPath;
 
-std::string write_temp(const std::string& name, const std::string& bytes) {
-  const std::string path = temp_path(name);
-  std::ofstream(path, std::ios::binary) << bytes;
+TempPath write_temp(const std::string& name, const std::string& bytes) {
+  TempPath path(name);
+  std::ofstream(path.str(), std::ios::binary) << bytes;
   return path;
 }
 
 int run_python(const std::string& script, const std::string& args) {
-  const std::string path = write_temp("gmem_check.py", script);
-  return std::system(("python3 " + path + " " + args).c_str());
+  const TempPath path = write_temp("gmem_check.py", script);
+  return std::system(("python3 " + path.str() + " " + args).c_str());
 }
 
 // Every segment is tiled by its blocks, page-aligned, and the blocks agree with themselves.
@@ -194,7 +191,7 @@ TEST(PickleWriter, PythonReadsWhatItWrites) {
   const std::uint32_t memo = p.memoize();
   p.key("again").get(memo);
   p.end_dict();
-  const std::string path = write_temp("writer.pickle", p.finish());
+  const TempPath path = write_temp("writer.pickle", p.finish());
   const char* script = R"PY(
 import pickle, pickletools, sys
 data = open(sys.argv[1], 'rb').read()
@@ -284,7 +281,7 @@ TEST(TakeSnapshot, JsonFollowsTheSchema) {
   if (!have_python()) GTEST_SKIP() << "python3 not found: JSON not checked";
   Workload w;
   w.run();
-  const std::string path = write_temp("snapshot.json", snapshot_json(take_snapshot(w.engine, &*w.tracker)));
+  const TempPath path = write_temp("snapshot.json", snapshot_json(take_snapshot(w.engine, &*w.tracker)));
   const char* script = R"PY(
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -398,9 +395,9 @@ TEST(TakeSnapshot, PickleOpensInMemoryViz) {
   for (bool unmap : {true, false}) {
     Workload w;
     w.run(unmap);
-    const std::string path = temp_path("snapshot.pickle");
+    const TempPath path("snapshot.pickle");
     write_snapshot_pickle(take_snapshot(w.engine, &*w.tracker), path);
-    EXPECT_EQ(run_python(kVizCheck, path + " " GMEM_TEST_DATA "/tiny_leak.snapshot.pickle " +
+    EXPECT_EQ(run_python(kVizCheck, path.str() + " " GMEM_TEST_DATA "/tiny_leak.snapshot.pickle " +
                                         (unmap ? "unmap" : "no-unmap")),
               0)
         << (unmap ? "with" : "without") << " unmaps";
@@ -412,7 +409,7 @@ TEST(TakeSnapshot, PickleReadsBackAsATrace) {
   Workload w;
   w.run();
   const Snapshot s = take_snapshot(w.engine, &*w.tracker);
-  const std::string path = temp_path("snapshot_trace.pickle");
+  const TempPath path("snapshot_trace.pickle");
   write_snapshot_pickle(s, path);
   const trace::Trace t = trace::read_trace(path);
   std::size_t allocs = 0, frees = 0, maps = 0, unmaps = 0;
