@@ -16,7 +16,9 @@ set -u
 cd "$(dirname "$0")/.."
 gmem=${1:-build/gmem}
 heldout=${HELDOUT:-.gpuwork/heldout}
-# trace name -> how its program is marked (a --step-at frame, "minima" or "unmarked")
+# trace name -> how its program is marked (a --step-at frame, "minima" or "unmarked"). The
+# models.py:LINE frames are lines of bench/torch/models.py as it was when the traces of tests/data,
+# bench/data and the held-out ones of then were captured; they stay as they are.
 marks() {
   case $1 in
     deeplab_varsize) echo capture2.py:31 ;;
@@ -38,6 +40,11 @@ marks() {
     *) echo minima ;;
   esac
 }
+# The frame that ends a training step of a program captured from bench/torch/models/ (step_frame)
+step_frame() {
+  python3 -c 'import sys; sys.path.insert(0, "bench/torch"); import models
+print(models.step_frame(sys.argv[1]))' "$1"
+}
 seen=" "
 for f in tests/data/*.trace.csv.gz bench/data/*.trace.csv.gz "$heldout"/*.trace.csv.gz; do
   [ -f "$f" ] || continue
@@ -45,6 +52,12 @@ for f in tests/data/*.trace.csv.gz bench/data/*.trace.csv.gz "$heldout"/*.trace.
   case $seen in *" $name "*) continue ;; esac
   seen="$seen$name "
   how=$(marks "$name")
+  case $how in
+    models.py:*)  # captured since bench/torch/models.py became the package bench/torch/models/,
+      # a trace names no frame of models.py: its program's mark is the same statement, found in
+      # the code as it is now (models.STEP_ENDS, models.step_frame)
+      zcat "$f" 2>/dev/null | grep -q -m1 ',models\.py:' || how=$(step_frame "$name") ;;
+  esac
   case $how in
     unmarked) args=(--no-plan) ;;
     minima) args=() ;;

@@ -41,6 +41,8 @@ TRACES = [os.path.join(REPO, "tests", "data", name + ".trace.csv.gz")
 # is told of the steps gmem.torch would mark. Other traces replay without marks: steps found at
 # minima of live memory (gmem replay's guess) split llama_rounds' steps, and on the simulated
 # device its planned layouts then kept moving (5,000 maps a pass against 8 with the real steps).
+# The frame is tests/data's llama_rounds' own, a line of models.py as it was at its capture (a
+# capture from bench/torch/models/ today would end its steps at models.step_frame("llama_rounds")).
 STEP_AT = {"llama_rounds": "models.py:168:step"}
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# models.py's bert_mlm (BERT-base masked LM, 16 x 512, bf16 autocast, AdamW) live on one GPU:
+# models.bert_mlm_step (BERT-base masked LM, 16 x 512, bf16 autocast, AdamW) live on one GPU:
 # native, gmem, and gmem without step marks (GMEM_PLAN_STEPS=0), one process each, the three
 # alternated REPS times (default 2; runs of one allocator differ by a few percent); then, after
 # 40 warm steps, 5 steps of native and of gmem under torch.profiler: wall time against the sum

@@ -15,7 +15,7 @@ again, untraced, with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. One JSON
 clock time in a 20 ms pause after the step, where no event happens). `trim` keeps a trace's
 events before such a time (whole steps) and `stats` recomputes a trace's peaks; neither needs torch.
 
-Programs (models.py): llama_ckpt_varlen, fasterrcnn_varsize, gpt2_generate, gpt2_train_eval and
+Programs (models/): llama_ckpt_varlen, fasterrcnn_varsize, gpt2_generate, gpt2_train_eval and
 resnet50_train_eval (four rounds of three training steps and an evaluation), llama_rounds
 (train_bench's Llama schedule for 60 timed steps: 24 lengths taking turns; not run unless named).
 """
@@ -34,7 +34,7 @@ import time
 
 from common import HERE, emit
 
-# name: (factory in models.py, steps[, the stacks recorded: "all" (alloc and free, the default)
+# name: (factory in models/, steps[, the stacks recorded: "all" (alloc and free, the default)
 # or "alloc"])
 PROGRAMS = {
     "llama_ckpt_varlen": ("llama_step", 12),
@@ -43,7 +43,7 @@ PROGRAMS = {
     "llama_rounds": ("llama_rounds_step", 84),
     "gpt2_train_eval": ("gpt2_train_eval_step", 16),
     "resnet50_train_eval": ("resnet50_train_eval_step", 16),
-    # held-out (models.py): checks, not tuned on
+    # held-out (models/__init__.py): checks, not tuned on
     "vit": ("vit_step", 12),
     "bert_varlen": ("bert_varlen_step", 24),
     "t5_varlen": ("t5_varlen_step", 24),

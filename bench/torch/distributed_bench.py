@@ -4,12 +4,12 @@ allocator, a rank per GPU, NCCL between them.
     python3 bench/torch/distributed_bench.py [--gpus 2] [--out FILE]    # every model x allocator
     python3 bench/torch/distributed_bench.py --oom-check                 # a rank runs out
 
-Models (bench/torch/models.py, the held-out programs ddp_train and fsdp_train, here on every
-rank): gpt2_ddp, GPT-2 124M under DistributedDataParallel (25 MB gradient buckets as views,
-bf16 autocast, AdamW, 8 x 512 tokens a rank); llama_fsdp, the 12-layer Llama-style model under
-FSDP2 (fully_shard per layer, bf16 parameters gathered per layer, fp32 gradients reduce-scattered,
-AdamW, 4 sequences a rank of a length drawn per step from 512..2048). Each rank draws its own
-batches (the model's seed, then 1000 + rank); every allocator sees the same ones.
+Models (bench/torch/models/distributed.py, the held-out programs ddp_train and fsdp_train,
+here on every rank): gpt2_ddp, GPT-2 124M under DistributedDataParallel (25 MB gradient buckets
+as views, bf16 autocast, AdamW, 8 x 512 tokens a rank); llama_fsdp, the 12-layer Llama-style
+model under FSDP2 (fully_shard per layer, bf16 parameters gathered per layer, fp32 gradients
+reduce-scattered, AdamW, 4 sequences a rank of a length drawn per step from 512..2048). Each rank
+draws its own batches (the model's seed, then 1000 + rank); every allocator sees the same ones.
 Allocators: native (PyTorch's caching allocator), expandable (PYTORCH_CUDA_ALLOC_CONF=
 expandable_segments:True), gmem (`gmem.torch.enable()` at the top of each rank), and native
 again (`native2`), whose losses against native's show how far two runs of one allocator differ

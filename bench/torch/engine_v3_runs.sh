@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #56 item 5, what the next engine is measured against, in one call on a machine of two
-# GPUs or more (H200 x2): models.py's bert_mlm (BERT-base masked LM, 16 x 512, bf16 autocast,
+# GPUs or more (H200 x2): models.bert_mlm_step (BERT-base masked LM, 16 x 512, bf16 autocast,
 # AdamW) and fsdp2_varlen (a 1.1B transformers Llama under FSDP2, lengths drawn per step).
 #
 #   1. builds build-gpu/libgmem.so (build_gpu.sh) and gmem's PyTorch allocator (cached)

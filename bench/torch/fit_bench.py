@@ -15,7 +15,7 @@ One JSON line a (model, cap) on stdout and in --out; bench/torch/fit_report.py t
 Models (random init, nothing downloaded):
   gpt2     transformers GPT-2 124M, sequence 1024, bf16 autocast, AdamW
   resnet50 torchvision ResNet-50, 224 px images, SGD with momentum
-  llama    the Llama-style 374M decoder of models.py, every layer checkpointed, bf16 autocast,
+  llama    the Llama-style 374M decoder of models/llama.py, every layer checkpointed, bf16 autocast,
            AdamW; probed at its longest sequence (2048) and trained on lengths drawn per step
            from 512..2048
 """

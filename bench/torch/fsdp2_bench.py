@@ -1,4 +1,4 @@
-"""FSDP2 over sequence lengths drawn per step (models.py: fsdp2_varlen, a 1.1B transformers Llama,
+"""FSDP2 over sequence lengths drawn per step (models.fsdp2_varlen_step, a 1.1B transformers Llama,
 fully_shard per layer and on the root) on several GPUs under each allocator, one torchrun job a
 run, a rank per GPU; and the allocation trace of its rank 0 under the native allocator.
 

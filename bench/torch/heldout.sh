@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Held-out workloads, programs gmem's policy was not tuned on (models.py; by default the first
+# Held-out workloads, programs gmem's policy was not tuned on (models/; by default the first
 # batch: vit, bert_varlen, t5_varlen, gpt2_accum, bert_serve; `batch2` names the second:
 # llama_generate, unet, convnext_multiscale, moe, gpt2_compiled; `batch3` serving of GiBs:
 # llama_serve_1b, bert_large_serve; `batch4` fine-tuning, compiled and diffusion: lora_llama,

@@ -1,5 +1,5 @@
-"""Where a step's time goes on the host: models.py's <MODEL>_step with its final host sync
-(`loss.item()`) taken apart. Each step is timed as launch (the host running the step's Python
+"""Where a step's time goes on the host: the models package's <MODEL>_step with its final host
+sync (`loss.item()`) taken apart. Each step is timed as launch (the host running the step's Python
 until its last kernel is queued: finish_training_step's `loss.item()` is replaced by a
 torch.cuda.Event record) and wall (to that event's completion); their medians over STEPS steps
 after WARM, under ALLOC=gmem (the default; GMEM_LIBRARY names the library) or native.
@@ -34,7 +34,10 @@ def finish_without_sync(optimizer, loss):
     return 0.0
 
 
-models.finish_training_step = finish_without_sync
+# Every factory calls finish_training_step as models.shared.finish_training_step, looked up at each
+# call: replaced there, it is replaced in every program (models.finish_training_step is a copy of
+# the name; setting it would change none).
+models.shared.finish_training_step = finish_without_sync
 name = os.environ.get("MODEL", "distill")
 warm, steps = int(os.environ.get("WARM", "8")), int(os.environ.get("STEPS", "30"))
 step = getattr(models, name + "_step")(torch, warm + steps)

@@ -1,5 +1,5 @@
 """What polling torch.cuda.memory_stats() costs a training loop, as Lightning's DeviceStatsMonitor
-polls it after every step: models.py's fabric_train (which reads it after every step), timed with
+polls it after every step: models.fabric_train_step (which reads it after every step), timed with
 the poll as it is and with it replaced by a no-op, in one process; then the poll's own host time,
 called back to back and between a step's launches. ALLOC=gmem (the default) or native.
 

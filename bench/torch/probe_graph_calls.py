@@ -1,4 +1,4 @@
-"""What a CUDA-graph program asks of the allocator, step by step: models.py's <MODEL>_step run
+"""What a CUDA-graph program asks of the allocator, step by step: models.<MODEL>_step run
 for STEPS steps, counting the calls cudagraph trees and torch.cuda.graph make into the allocator
 (graph captures, pool handles, checkpoint reads and restores, pool releases) and, under gmem, the
 maps and creates of every step, with the step's wall time.

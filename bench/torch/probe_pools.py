@@ -1,6 +1,6 @@
 """Where a CUDA-graph training loop's memory sits: the device's total (torch.cuda) and, under gmem,
 its device engine alone (the rest is the private pools), after each step.
-   python3 bench/torch/probe_pools.py {native|gmem} [MODEL] [STEPS]   (MODEL: models.py's *_step)"""
+   python3 bench/torch/probe_pools.py {native|gmem} [MODEL] [STEPS]   (MODEL: a models.*_step)"""
 import ctypes
 import os
 import sys

@@ -1,4 +1,4 @@
-"""Where a held-out program's step time goes: models.py's <MODEL>_step, WARM steps run, then
+"""Where a held-out program's step time goes: models.<MODEL>_step, WARM steps run, then
 STEPS steps under torch.profiler, printing wall time and the sum of GPU kernel times (wall above
 kernel time: the GPU waited for the host), and the ops with the most host time of their own.
 ALLOC=gmem (the default) runs gmem (GMEM_LIBRARY names the library); any other value, PyTorch's

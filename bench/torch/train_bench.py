@@ -10,11 +10,11 @@ under a memory cap of R x the peak allocated.
 
 Models: GPT-2 124M (transformers, random init, batch 8 x 1024 tokens, AdamW, bf16 autocast) and
 ResNet-50 (torchvision, batch 64 at 224x224, SGD, fp32): the programs of tests/data's traces; llama
-(models.py: a 374M-parameter Llama-style decoder, activation checkpointing per layer, batch 8 with
-a sequence length drawn per step from 512..2048, the same lengths for every allocator, bf16
+(models/llama.py: a 374M-parameter Llama-style decoder, activation checkpointing per layer, batch
+8 with a sequence length drawn per step from 512..2048, the same lengths for every allocator, bf16
 autocast, AdamW), the program of llama_ckpt_varlen.trace.csv.gz; its warm-up runs each distinct
 length of its timed steps once (see each_length_warmed). gpt2_train_eval and resnet50_train_eval
-(models.py; only when named): three training steps and an evaluation, taking turns.
+(models/; only when named): three training steps and an evaluation, taking turns.
 Allocators: native (PyTorch's caching allocator), expandable (the same with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) and gmem (gmem.torch.enable()).
 
@@ -38,7 +38,7 @@ import time
 
 from common import HERE, PYTHON_DIR, emit, read_json_lines
 
-HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # models.py
+HELD_OUT = ("vit", "bert_varlen", "t5_varlen", "gpt2_accum", "bert_serve",  # models/
             "llama_generate", "unet", "convnext_multiscale", "moe", "gpt2_compiled",
             "llama_serve_1b", "bert_large_serve", "lora_llama", "gpt2_dynamic", "diffusion_sample",
             "gnn_random", "dlrm_sparse", "lstm_varlen", "gpt2_cudagraphs",
@@ -92,7 +92,7 @@ def resnet50_step(torch, warmup, steps):
 
 
 def each_length_warmed(name, timed_lengths):
-    """models.py's <name>_step over `timed_lengths(models, steps)` as the timed steps, after a
+    """models.<name>_step over `timed_lengths(models, steps)` as the timed steps, after a
     warm-up that runs each distinct length among them once (in order of first appearance; the
     `warmup` argument is ignored). On an H100 a length's first step took 200-300 ms longer than
     its later ones under native and expandable alike (2026-11-23; cause not established, per-shape
@@ -117,7 +117,7 @@ bert_varlen_step = each_length_warmed("bert_varlen", lambda models, steps: model
 
 
 def models_step(name, varying=True):
-    """models.py's <name>_step (the train/eval loops and the held-out workloads; not in --all by
+    """models.<name>_step (the train/eval loops and the held-out workloads; not in --all by
     default). `varying`: its steps differ (evaluations among training steps, lengths drawn per
     step), so the total compares allocators, not the median."""
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training with an evaluation every fourth step (models.py: gpt2_train_eval, resnet50_train_eval):
+# Training with an evaluation every fourth step (models/: gpt2_train_eval, resnet50_train_eval):
 # captures each program's allocation trace under the native allocator (and its peaks under
 # expandable segments), then runs it live under native, expandable and gmem (16 steps: 4 warm-up,
 # 12 timed) and prints each run's reserved / allocated, its time and gmem's maps step by step.
