@@ -31,7 +31,7 @@ constexpr std::size_t kMaxChurnBytes = std::size_t{64} << 20;
 std::uint64_t total_device_calls(const gmem::SimulatedDevice& device) {
   std::uint64_t total = 0;
   for (int i = 0; i < static_cast<int>(DeviceCall::count_); ++i) {
-    total += device.calls(static_cast<DeviceCall>(i));
+    total += device.ledger().calls(static_cast<DeviceCall>(i));
   }
   return total;
 }
@@ -66,7 +66,7 @@ void BM_MallocFreePair(benchmark::State& state) {
   gmem::SimulatedDevice device;
   gmem::Engine engine(device);
   for (int i = 0; i < 16; ++i) engine.free(engine.malloc(size));  // warm: mapping now cached
-  device.reset_call_counts();
+  device.ledger().reset_call_counts();
   for (auto _ : state) {
     void* ptr = engine.malloc(size);
     benchmark::DoNotOptimize(ptr);
@@ -98,7 +98,7 @@ void BM_PlannedSteps(benchmark::State& state) {
   };
   engine.mark_step();
   for (int warm = 0; warm < 8; ++warm) step(warm % 2 == 0 ? 3 : 5);
-  device.reset_call_counts();
+  device.ledger().reset_call_counts();
   mallocs = 0;
   int i = 0;
   for (auto _ : state) step(++i % 2 == 0 ? 3 : 5);
@@ -119,7 +119,7 @@ void BM_RandomChurn(benchmark::State& state) {
     live[slot] = engine.malloc(plan.sizes[i]);
   };
   for (std::size_t i = 0; i < kChurnOps; ++i) op(i);  // warm-up: one pass over the plan
-  device.reset_call_counts();
+  device.ledger().reset_call_counts();
   std::size_t next = 0;
   for (auto _ : state) {
     op(next);

@@ -131,8 +131,9 @@ struct DeviceCounts {
   std::uint64_t creates, maps, unmaps;
   double call_us, wait_us;  // modelled
   static DeviceCounts of(const SimulatedDevice& d) {
-    return {d.calls(DeviceCall::create_chunk), d.calls(DeviceCall::map), d.calls(DeviceCall::unmap),
-            d.modelled_call_us(), d.modelled_wait_us()};
+    const SimCallLedger& ledger = d.ledger();
+    return {ledger.calls(DeviceCall::create_chunk), ledger.calls(DeviceCall::map),
+            ledger.calls(DeviceCall::unmap), ledger.modelled_call_us(), ledger.modelled_wait_us()};
   }
   std::uint64_t total() const { return creates + maps + unmaps; }
 };
@@ -241,7 +242,7 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
             end_step(options.step_ends[next_end++]);
           // The host clock follows the trace from where it stands: after a modelled wait, the
           // rest of the trace happens that much later.
-          if (op.host_advance_us > 0) device.advance_host_time(op.host_advance_us);
+          if (op.host_advance_us > 0) device.ledger().advance_host_time(op.host_advance_us);
           if (op.malloc) {
             if (options.record_steps) step_requests = add_request(step_requests, op.size, op.stream);
             void* const block = engine.malloc(op.size, op.stream);

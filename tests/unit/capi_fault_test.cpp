@@ -79,9 +79,9 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
   std::uint64_t armed_at = 0;
   auto arm = [&] {
     if (point >= std::size(kPoints)) return;
-    const std::uint64_t calls = device.calls(fault.call);
+    const std::uint64_t calls = device.ledger().calls(fault.call);
     armed_at = std::max(kPoints[point], calls + 1);
-    device.fail_call(fault.call, armed_at - calls, fault.oom);
+    device.ledger().fail_call(fault.call, armed_at - calls, fault.oom);
   };
   arm();
   std::uint64_t injected = 0, surfaced = 0;
@@ -106,7 +106,9 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
     }
     capi::g_context->engine->check_invariants();
     EXPECT_EQ(stat("allocated_bytes.all.current"), held) << where;
-    EXPECT_EQ(static_cast<std::int64_t>(device.chunk_bytes()), stat("reserved_bytes.all.current")) << where;
+    EXPECT_EQ(static_cast<std::int64_t>(device.memory().chunk_bytes()),
+              stat("reserved_bytes.all.current"))
+        << where;
     ASSERT_EQ(f(), GMEM_OK) << where << "retried after: " << message << "; now: " << gmem_last_error();
   };
 
@@ -115,7 +117,7 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
   for (std::size_t i = 0; i < program.ops.size() && !HasFatalFailure(); ++i) {
     const testing::TraceOp& op = program.ops[i];
     where = fault_name(fault) + " at call " + std::to_string(armed_at) + ", op " + std::to_string(i) + ": ";
-    device.advance_host_time(op.host_advance_us);
+    device.ledger().advance_host_time(op.host_advance_us);
     if (op.malloc) {
       call("gmem_malloc", [&] { return gmem_malloc(&blocks[op.slot], op.size, 0, op.stream); });
       sizes[op.slot] = static_cast<std::int64_t>((op.size + 511) / 512 * 512);
@@ -133,7 +135,7 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
       });
       call("gmem_set_memory_limit", [&] { return gmem_set_memory_limit(0, 0); });
     }
-    if (point < std::size(kPoints) && device.calls(fault.call) >= armed_at) {
+    if (point < std::size(kPoints) && device.ledger().calls(fault.call) >= armed_at) {
       ++injected;
       ++point;
       arm();
@@ -146,20 +148,20 @@ TEST_P(CApiFault, TraceThroughTheCApiSurvivesEveryInjectedFailure) {
     held -= sizes[slot];
   }
   call("gmem_empty_cache", [&] { return gmem_empty_cache(0); });
-  if (point < std::size(kPoints) && device.calls(fault.call) >= armed_at) ++injected;
-  device.fail_call(fault.call, 0);
+  if (point < std::size(kPoints) && device.ledger().calls(fault.call) >= armed_at) ++injected;
+  device.ledger().fail_call(fault.call, 0);
 
   EXPECT_EQ(stat("allocated_bytes.all.current"), 0);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
   std::size_t needed = 0;
   EXPECT_EQ(gmem_snapshot_json(0, nullptr, 0, &needed), GMEM_OK) << gmem_last_error();
   EXPECT_EQ(gmem_memory_summary(0, nullptr, 0, &needed), GMEM_OK) << gmem_last_error();
   capi::g_context->engine->check_invariants();
   ASSERT_EQ(gmem_tracking_disable(0), GMEM_OK);
   capi::g_context->engine.reset();
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), 0u);
-  EXPECT_EQ(device.live_events(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.streams().live_events(), 0u);
   capi::g_context.reset();
   // cuMemAddressFree is made only when an engine is destroyed, cuMemGetInfo when one starts or
   // runs out of memory: neither happens while this trace runs.

@@ -27,7 +27,7 @@ std::uint64_t step(Engine& engine, SimulatedDevice& device, int blocks, std::siz
   std::vector<void*> live;
   for (int i = 0; i < blocks; ++i) live.push_back(engine.malloc(size));
   for (void* p : live) engine.free(p);
-  device.advance_host_time(step_us);
+  device.ledger().advance_host_time(step_us);
   engine.empty_cache();
   return mapping_calls(device) - before;
 }
@@ -94,7 +94,7 @@ TEST(EmptyCache, ACallWithNoBlockLiveGivesBackEverything) {
   engine.free(params);  // the program is done
   engine.empty_cache();
   EXPECT_EQ(reserved(engine), 0);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
 }
 
 TEST(EmptyCache, ACallGivesBackWhatNoPageInUseNeeds) {

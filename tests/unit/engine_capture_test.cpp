@@ -22,12 +22,12 @@ TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
   constexpr StreamId compute = 0, side = 5;
   void* p = engine.malloc(8 * MiB, compute);
   engine.record_stream(p, side);
-  device.submit_work(side);
+  device.streams().submit_work(side);
   engine.set_capturing(true);
   const std::uint64_t before = event_calls(device);
   engine.free(p);
   void* q = engine.malloc(8 * MiB, compute);
-  device.complete_stream(side);  // caught up, but no event says so during the capture
+  device.streams().complete_stream(side);  // caught up, but no event says so during the capture
   void* r = engine.malloc(8 * MiB, compute);
   EXPECT_NE(q, p);
   EXPECT_NE(r, p);
@@ -39,7 +39,7 @@ TEST(Engine, CapturesMakeNoEventCallsAndHoldSharedFreesUntilTheyEnd) {
   engine.free(r);
   void* t = engine.malloc(MiB, compute);  // the held free gets its event on the side stream
   EXPECT_GT(event_calls(device), before);
-  device.complete_stream(side);
+  device.streams().complete_stream(side);
   void* u = engine.malloc(MiB, compute);  // ... which has completed: the block goes
   EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(2 * MiB));
   engine.free(t);
@@ -57,9 +57,9 @@ TEST(Engine, CapturesTakeNoMemoryFreedOnTheCapturedStreamNotKnownToBeDone) {
   Engine engine(device, EngineOptions{.memory_limit = 64 * MiB});
   constexpr StreamId captured = 1, other = 2, third = 3;
   void* a = engine.malloc(48 * MiB, captured);
-  device.submit_work(captured);
+  device.streams().submit_work(captured);
   engine.free(a);
-  device.set_stream_capturing(captured, true);
+  device.streams().set_capturing(captured, true);
   engine.set_capturing(true);
   const std::uint64_t before = event_calls(device);
   EXPECT_THROW(engine.malloc(48 * MiB, other), OutOfMemoryError);  // only by waiting for it
@@ -69,14 +69,14 @@ TEST(Engine, CapturesTakeNoMemoryFreedOnTheCapturedStreamNotKnownToBeDone) {
 
   // A stream not captured is waited for meanwhile: its freed memory serves another stream.
   engine.free(small);
-  device.submit_work(other);
+  device.streams().submit_work(other);
   EXPECT_THROW(engine.malloc(56 * MiB, third), OutOfMemoryError);  // no: 48 MiB are the capture's
   void* from_other = engine.malloc(16 * MiB, third);  // 8 MiB of them once `other` is done
   EXPECT_GT(event_calls(device), before);
   engine.free(from_other);
   engine.check_invariants();
 
-  device.set_stream_capturing(captured, false);
+  device.streams().set_capturing(captured, false);
   engine.set_capturing(false);
   void* b = engine.malloc(48 * MiB, other);  // waits for the captured stream now
   engine.free(b);
@@ -93,12 +93,12 @@ TEST(Engine, CapturesDoNotUnmapAPageTheirStreamMayStillUse) {
   constexpr StreamId stream = 1;
   void* x = engine.malloc(2 * MiB, stream);
   void* fence = engine.malloc(2 * MiB, stream);  // x's range stays a hole of its own
-  device.submit_work(stream);                    // a kernel on x, not done
+  device.streams().submit_work(stream);                    // a kernel on x, not done
   engine.free(x);
   void* y = engine.malloc(4 * MiB, stream);  // beyond the fence: x's chunk mapped there too
   ASSERT_EQ(engine.stats().chunks_held, 3);
-  const std::uint64_t maps = device.calls(DeviceCall::map);
-  device.set_stream_capturing(stream, true);
+  const std::uint64_t maps = device.ledger().calls(DeviceCall::map);
+  device.streams().set_capturing(stream, true);
   engine.set_capturing(true);
   const std::uint64_t events = event_calls(device);
   try {
@@ -109,10 +109,10 @@ TEST(Engine, CapturesDoNotUnmapAPageTheirStreamMayStillUse) {
         << e.what();
   }
   EXPECT_EQ(event_calls(device), events);
-  EXPECT_EQ(device.calls(DeviceCall::map), maps);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map), maps);
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, static_cast<std::int64_t>(6 * MiB));
   engine.check_invariants();
-  device.set_stream_capturing(stream, false);
+  device.streams().set_capturing(stream, false);
   engine.set_capturing(false);
   void* again = engine.malloc(2 * MiB, stream);  // waits for the stream, then remaps the page
   EXPECT_EQ(again, x);
@@ -134,33 +134,35 @@ TEST(Engine, APoolCapturesIntoTheChunksOfPagesNoCaptureUsed) {
     warm_up.push_back(pool.malloc(8 * MiB, stream));
     kept.push_back(pool.malloc(2 * MiB, stream));  // live on: a graph may use them
   }
-  device.submit_work(stream);
+  device.streams().submit_work(stream);
   for (void* p : warm_up) pool.free(p);
   pool.set_capturing(false);
-  device.complete_stream(stream);
+  device.streams().complete_stream(stream);
   const std::int64_t held = pool.stats().chunks_held;
-  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
+  const std::uint64_t creates = device.ledger().calls(DeviceCall::create_chunk);
 
   pool.set_capturing(true);  // the capture: it begins after this (PyTorch's order)
-  device.set_stream_capturing(stream, true);
+  device.streams().set_capturing(stream, true);
   std::vector<void*> captured;  // too large for the warm-up's holes: on pages of their own
   for (int i = 0; i < 4; ++i) captured.push_back(pool.malloc(12 * MiB, stream));
-  EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for the capture";
+  EXPECT_EQ(device.ledger().calls(DeviceCall::create_chunk), creates)
+      << "chunks created for the capture";
   EXPECT_EQ(pool.stats().chunks_held, held);
   EXPECT_EQ(event_calls(device) > 0, true);
   pool.check_invariants();
-  device.set_stream_capturing(stream, false);
+  device.streams().set_capturing(stream, false);
   pool.set_capturing(false);
 
   // What the graph may use keeps its chunk: a second capture releases nothing of it.
-  const std::uint64_t unmaps = device.calls(DeviceCall::unmap);
+  const std::uint64_t unmaps = device.ledger().calls(DeviceCall::unmap);
   for (void* p : captured) pool.free(p);
-  device.complete_stream(stream);
+  device.streams().complete_stream(stream);
   pool.set_capturing(true);
-  device.set_stream_capturing(stream, true);
+  device.streams().set_capturing(stream, true);
   void* again = pool.malloc(12 * MiB, stream);
-  EXPECT_EQ(device.calls(DeviceCall::unmap), unmaps) << "a page a graph may use was unmapped";
-  device.set_stream_capturing(stream, false);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::unmap), unmaps)
+      << "a page a graph may use was unmapped";
+  device.streams().set_capturing(stream, false);
   pool.set_capturing(false);
   pool.free(again);
   for (void* p : kept) pool.free(p);

@@ -26,7 +26,7 @@ int run_workload(SimulatedDevice& device, Engine& engine) {
     }
     engine.check_invariants();
     EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].current,
-              static_cast<std::int64_t>(device.chunk_bytes()));
+              static_cast<std::int64_t>(device.memory().chunk_bytes()));
   };
   for (int round = 0; round < 3; ++round) {
     for (std::size_t size : {6 * MiB, std::size_t{300 * 1024 + 5}, std::size_t{4097}, 10 * MiB, 2 * MiB})
@@ -65,11 +65,11 @@ TEST_P(EngineFailure, EveryInjectedFailureIsReportedAndRecoveredFrom) {
     std::uint64_t before = 0;
     try {
       Engine engine(device);
-      device.fail_call(call, nth);
-      before = device.calls(call);
+      device.ledger().fail_call(call, nth);
+      before = device.ledger().calls(call);
       reported += run_workload(device, engine);
       // The injected failure is spent: the engine works normally again.
-      device.fail_call(call, 0);
+      device.ledger().fail_call(call, 0);
       void* p = engine.malloc(40 * MiB);
       engine.free(p);
       engine.empty_cache();
@@ -77,8 +77,9 @@ TEST_P(EngineFailure, EveryInjectedFailureIsReportedAndRecoveredFrom) {
     } catch (const DeviceError&) {
       ++reported;  // the constructor's mem_info() failed: nothing to recover
     }
-    EXPECT_EQ(device.chunk_bytes(), 0u) << "chunks leaked, call " << device_call_name(call);
-    EXPECT_EQ(device.reserved_address_bytes(), 0u);
+    EXPECT_EQ(device.memory().chunk_bytes(), 0u)
+        << "chunks leaked, call " << device_call_name(call);
+    EXPECT_EQ(device.memory().reserved_address_bytes(), 0u);
     (void)before;
   }
   EXPECT_GT(reported, 0) << device_call_name(call) << " was never made to fail";
@@ -99,7 +100,7 @@ TEST(EngineFailure, DeviceOutOfMemoryDuringGrowthFallsBackToStitching) {
   std::vector<void*> blocks;
   for (int i = 0; i < 8; ++i) blocks.push_back(engine.malloc(4 * MiB));
   for (int i = 0; i < 8; i += 2) engine.free(blocks[i]);
-  device.fail_call(DeviceCall::create_chunk, 1, /*out_of_memory=*/true);
+  device.ledger().fail_call(DeviceCall::create_chunk, 1, /*out_of_memory=*/true);
   void* p = engine.malloc(12 * MiB);  // creation fails: the freed chunks are remapped instead
   EXPECT_GT(engine.stats().num_stitches, 0);
   engine.free(p);
@@ -123,16 +124,16 @@ TEST(EngineFailure, AFailedWaitLeavesAHeldFreeHeld) {
   Engine engine(device);
   constexpr StreamId compute = 0, side = 5;
   free_held_by(device, engine, 8 * MiB, compute, side);
-  device.fail_call(DeviceCall::wait_event, 1);
+  device.ledger().fail_call(DeviceCall::wait_event, 1);
   EXPECT_THROW(engine.malloc(8 * MiB, compute), DeviceError);
   engine.check_invariants();
   EXPECT_EQ(engine.stats().pending_free_bytes, static_cast<std::int64_t>(8 * MiB));
   void* q = engine.malloc(8 * MiB, compute);
-  EXPECT_TRUE(device.ordered_after(compute, side, device.submitted(side)));
+  EXPECT_TRUE(device.streams().ordered_after(compute, side, device.streams().submitted(side)));
   EXPECT_EQ(engine.stats().pending_free_bytes, 0);
   engine.free(q);
   engine.empty_cache();
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
   engine.check_invariants();
 }
 

@@ -76,7 +76,9 @@ ChurnOutcome random_churn(double host_us_per_op, double gpu_lag_us = 0) {
   std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(64.0 * MiB));
   std::vector<void*> slots(1000);
   for (void*& p : slots) p = engine.malloc(static_cast<std::size_t>(std::exp(log_size(rng))));
-  auto device_us = [&] { return device.modelled_call_us() + device.modelled_wait_us(); };
+  auto device_us = [&] {
+    return device.ledger().modelled_call_us() + device.ledger().modelled_wait_us();
+  };
   ChurnOutcome out;
   std::uint64_t calls_before = 0;
   double device_us_before = 0, host_us_before = 0;
@@ -87,12 +89,13 @@ ChurnOutcome random_churn(double host_us_per_op, double gpu_lag_us = 0) {
       device_us_before = device_us();
       host_us_before = device.host_time();
     }
-    const double calls_us = device.modelled_call_us();
+    const double calls_us = device.ledger().modelled_call_us();
     void*& p = slots[rng() % slots.size()];
     engine.free(p);
     p = engine.malloc(static_cast<std::size_t>(std::exp(log_size(rng))));
     // The host spends the operation's device calls (a wait already moved its clock), then its work.
-    device.advance_host_time(device.modelled_call_us() - calls_us + host_us_per_op);
+    device.ledger().advance_host_time(device.ledger().modelled_call_us() - calls_us +
+                                      host_us_per_op);
   }
   engine.check_invariants();
   const MemoryStats s = engine.stats();
@@ -146,7 +149,7 @@ TEST(Engine, StitchesScatteredFreePagesIntoOneLargeBlock) {
   const MemoryStats s = engine.stats();
   EXPECT_GT(s.num_stitches, 0);
   EXPECT_LE(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(64 * MiB));
-  EXPECT_TRUE(device.is_accessible(reinterpret_cast<std::uintptr_t>(big) + 32 * MiB - 1));
+  EXPECT_TRUE(device.memory().is_accessible(reinterpret_cast<std::uintptr_t>(big) + 32 * MiB - 1));
   engine.check_invariants();
 }
 
@@ -196,7 +199,7 @@ TEST(Engine, DeviceOutOfMemoryIsReportedAsSuch) {
 void expect_refused_before_any_create(SimulatedDevice& device, Engine& engine, std::size_t bytes,
                                       const std::string& reason) {
   SCOPED_TRACE(bytes);
-  const std::uint64_t creates = device.calls(DeviceCall::create_chunk);
+  const std::uint64_t creates = device.ledger().calls(DeviceCall::create_chunk);
   const std::int64_t peak = engine.stats().reserved_bytes[kAllPools].peak;
   try {
     engine.malloc(bytes);
@@ -204,7 +207,8 @@ void expect_refused_before_any_create(SimulatedDevice& device, Engine& engine, s
   } catch (const OutOfMemoryError& e) {
     EXPECT_EQ(e.info().reason, reason);
   }
-  EXPECT_EQ(device.calls(DeviceCall::create_chunk), creates) << "chunks created for nothing";
+  EXPECT_EQ(device.ledger().calls(DeviceCall::create_chunk), creates)
+      << "chunks created for nothing";
   EXPECT_EQ(engine.stats().reserved_bytes[kAllPools].peak, peak);
   engine.check_invariants();
 }
@@ -242,10 +246,11 @@ TEST(Engine, DetailedStatsSayWhatIsHeldOutsideGmem) {
   SimulatedDevice device(o);
   Engine engine(device);
   void* p = engine.malloc(10 * MiB);
-  const std::size_t asked = device.calls(DeviceCall::mem_info);
+  const std::size_t asked = device.ledger().calls(DeviceCall::mem_info);
   const MemoryStats quick = engine.stats();
   EXPECT_EQ(quick.outside_bytes, 0);
-  EXPECT_EQ(device.calls(DeviceCall::mem_info), asked);  // polled stats ask nothing of the driver
+  // Polled stats ask nothing of the driver.
+  EXPECT_EQ(device.ledger().calls(DeviceCall::mem_info), asked);
   const MemoryStats s = engine.detailed_stats();
   EXPECT_EQ(s.device_total_bytes, static_cast<std::int64_t>(128 * MiB));
   EXPECT_EQ(s.device_free_bytes, static_cast<std::int64_t>(128 * MiB - 24 * MiB) - s.reserved_bytes[kAllPools].current);
@@ -267,12 +272,13 @@ TEST(Engine, EmptyCacheGivesEveryFreeChunkBack) {
   const MemoryStats s = engine.stats();
   EXPECT_EQ(s.free_mapped_bytes, 0);
   EXPECT_EQ(s.free_unmapped_bytes, 0);
-  EXPECT_EQ(device.chunk_bytes(), static_cast<std::size_t>(s.reserved_bytes[kAllPools].current));
-  EXPECT_LE(device.chunk_bytes(), 12 * MiB);
+  EXPECT_EQ(device.memory().chunk_bytes(),
+            static_cast<std::size_t>(s.reserved_bytes[kAllPools].current));
+  EXPECT_LE(device.memory().chunk_bytes(), 12 * MiB);
   EXPECT_GT(s.num_device_free, 0);
   engine.free(kept);
   engine.empty_cache();
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
   engine.check_invariants();
 }
 
@@ -280,10 +286,10 @@ TEST(Engine, LimitsTrimCachedMemoryAndRejectBadFractions) {
   SimulatedDevice device(device_of(1 * GiB));
   Engine engine(device);
   engine.free(engine.malloc(512 * MiB));
-  EXPECT_EQ(device.chunk_bytes(), 512 * MiB);
+  EXPECT_EQ(device.memory().chunk_bytes(), 512 * MiB);
   engine.set_memory_fraction(0.25);
   EXPECT_EQ(engine.memory_limit(), 256 * MiB);
-  EXPECT_LE(device.chunk_bytes(), 256 * MiB);
+  EXPECT_LE(device.memory().chunk_bytes(), 256 * MiB);
   EXPECT_THROW(engine.set_memory_fraction(0.0), Error);
   EXPECT_THROW(engine.set_memory_fraction(1.5), Error);
   EXPECT_THROW(engine.set_memory_fraction(-0.5), Error);

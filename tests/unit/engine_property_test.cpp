@@ -26,7 +26,7 @@ struct Live {
 };
 
 // Stream order: memory a block used goes to a block of another stream only once that stream's
-// work comes after the kernels that may have used it (SimulatedDevice::ordered_after: that work
+// work comes after the kernels that may have used it (SimStreams::ordered_after: that work
 // done, or the taker made to wait for it). Kept by the physical bytes, (chunk, granule, bytes in
 // it): what a freed block's kernels may touch up to, by stream (its own and those record_stream
 // added). Bytes, not granules: a page holds a slab of its stream beside a block freed there.
@@ -42,7 +42,7 @@ class StreamOrderCheck {
     for (std::uintptr_t pos = begin & ~(granule - 1); pos < end; pos += granule) {
       const std::size_t lo = pos < begin ? begin - pos : 0;
       const std::size_t hi = std::min<std::uintptr_t>(end - pos, granule);
-      visit(device_.physical_at(pos), lo, hi);
+      visit(device_.memory().physical_at(pos), lo, hi);
     }
   }
   void freed(const Live& l) {  // its kernels: everything submitted to its streams so far
@@ -50,7 +50,8 @@ class StreamOrderCheck {
       std::vector<Use>& uses = used_[at];
       if (uses.size() >= 64) prune(uses);
       for (StreamId s = 0; s < kStreams; ++s)
-        if (s == l.stream || (l.also >> s & 1u)) uses.push_back({lo, hi, s, device_.submitted(s)});
+        if (s == l.stream || (l.also >> s & 1u))
+          uses.push_back({lo, hi, s, device_.streams().submitted(s)});
     });
   }
   // Returns "" or what broke the order.
@@ -60,7 +61,7 @@ class StreamOrderCheck {
       auto it = used_.find(at);
       if (it == used_.end() || !broken.empty()) return;
       for (const Use& u : it->second)
-        if (u.lo < hi && lo < u.hi && !device_.ordered_after(l.stream, u.stream, u.work))
+        if (u.lo < hi && lo < u.hi && !device_.streams().ordered_after(l.stream, u.stream, u.work))
           broken = "chunk " + std::to_string(at.first) + " went to stream " +
                    std::to_string(l.stream) + " before stream " + std::to_string(u.stream) +
                    " reached work item " + std::to_string(u.work);
@@ -80,7 +81,7 @@ class StreamOrderCheck {
   void prune(std::vector<Use>& uses) const {
     std::erase_if(uses, [&](const Use& u) {
       for (StreamId s = 0; s < kStreams; ++s)
-        if (!device_.ordered_after(s, u.stream, u.work)) return false;
+        if (!device_.streams().ordered_after(s, u.stream, u.work)) return false;
       return true;
     });
   }
@@ -104,7 +105,7 @@ void expect_physically_disjoint(const SimulatedDevice& device, const std::vector
     const auto begin = reinterpret_cast<std::uintptr_t>(l.ptr);
     for (std::uintptr_t pos = begin; pos < begin + l.size;) {
       const std::uintptr_t end = std::min<std::uintptr_t>(begin + l.size, (pos | (granule - 1)) + 1);
-      const auto [chunk, from] = device.physical_at(pos);
+      const auto [chunk, from] = device.memory().physical_at(pos);
       ASSERT_NE(chunk, 0u) << "step " << step;
       const std::size_t to = from + (end - pos);
       auto next = used.lower_bound({chunk, from});
@@ -142,8 +143,8 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
   for (int step = 0; step < steps; ++step) {
     if (lagging) {
       const StreamId s = rng() % 3;
-      device.submit_work(s);  // a kernel on s
-      if (rng() % 8 == 0) device.complete_stream(rng() % 3);
+      device.streams().submit_work(s);  // a kernel on s
+      if (rng() % 8 == 0) device.streams().complete_stream(rng() % 3);
     }
     // A block used on another stream too (not in stable pools' runs: their events would count
     // as waits below).
@@ -175,7 +176,7 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
       if (p) {
         const auto a = reinterpret_cast<std::uintptr_t>(p);
         ASSERT_EQ(a % kAlignment, 0u) << "step " << step;
-        ASSERT_TRUE(device.is_accessible(a) && device.is_accessible(a + size - 1))
+        ASSERT_TRUE(device.memory().is_accessible(a) && device.memory().is_accessible(a + size - 1))
             << "block not inside mapped memory at step " << step;
         auto next = by_address.lower_bound(a);
         ASSERT_TRUE(next == by_address.end() || next->first >= a + size) << "overlap at step " << step;
@@ -192,11 +193,14 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
     ASSERT_NO_THROW(engine.check_invariants()) << "step " << step;  // includes a stats recount
     if (step % 16 == 0) expect_physically_disjoint(device, live, step);
     if (options.stable_pages && step % 16 == 0) {
-      ASSERT_LE(device.max_chunk_maps(), 1u) << "a chunk mapped at two pages at step " << step;
-      ASSERT_EQ(device.calls(DeviceCall::unmap), 0u) << "a page lost its chunk at step " << step;
-      ASSERT_EQ(device.calls(DeviceCall::record_event) + device.calls(DeviceCall::query_event) +
-                    device.calls(DeviceCall::synchronize_event) +
-                    device.calls(DeviceCall::wait_event),
+      ASSERT_LE(device.memory().max_chunk_maps(), 1u)
+          << "a chunk mapped at two pages at step " << step;
+      ASSERT_EQ(device.ledger().calls(DeviceCall::unmap), 0u)
+          << "a page lost its chunk at step " << step;
+      ASSERT_EQ(device.ledger().calls(DeviceCall::record_event) +
+                    device.ledger().calls(DeviceCall::query_event) +
+                    device.ledger().calls(DeviceCall::synchronize_event) +
+                    device.ledger().calls(DeviceCall::wait_event),
                 0u)
           << "a stream was waited for at step " << step;
     }
@@ -204,7 +208,8 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
       const MemoryStats s = engine.stats();
       ASSERT_EQ(s.allocated_bytes[kAllPools].current, allocated);
       ASSERT_GE(s.reserved_bytes[kAllPools].current, s.allocated_bytes[kAllPools].current);
-      ASSERT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(device.chunk_bytes()));
+      ASSERT_EQ(s.reserved_bytes[kAllPools].current,
+                static_cast<std::int64_t>(device.memory().chunk_bytes()));
       ASSERT_EQ(s.reserved_bytes[kAllPools].current - s.allocated_bytes[kAllPools].current,
                 s.free_mapped_bytes + s.free_unmapped_bytes + s.partial_page_bytes +
                     s.small_slack_bytes + s.pending_free_bytes);
@@ -213,7 +218,7 @@ void run_property(std::uint64_t seed, bool lagging, int steps, EngineOptions opt
   EXPECT_GT(ooms, 0) << "the device never ran out: the pressure paths went untested";
   for (const Live& l : live) engine.free(l.ptr);
   engine.empty_cache();
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
   engine.check_invariants();
 }
 

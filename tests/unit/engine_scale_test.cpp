@@ -123,7 +123,7 @@ TEST(EngineScaleStress, SixteenThreadsSixtyFourStreamsAgainstAModel) {
     for (std::uint64_t i = 0; i < per_thread; ++i) {
       if (!stop) {
         try {
-          device.advance_host_time(1.0);
+          device.ledger().advance_host_time(1.0);
           const bool alloc = live.size() < 8 || (live.size() < kMaxLive && rng() % 2 == 0);
           if (alloc) {
             const std::size_t size = draw_size(rng);
@@ -213,8 +213,8 @@ TEST(EngineScaleStress, SixteenThreadsSixtyFourStreamsAgainstAModel) {
   engine.empty_cache();
   engine.check_invariants();
   EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), kThreads * kStreamsPerThread * o.capacity);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), kThreads * kStreamsPerThread * o.capacity);
   EXPECT_GE(checks.load(), static_cast<std::uint64_t>(kQuiescentPoints));
   EXPECT_GT(ooms.load() + mallocs.load(), 0u);
 

@@ -16,11 +16,11 @@ namespace {
 
 // Stream `a` frees 48 MiB of a 64 MiB device while a kernel of its own may still use them (the
 // device's streams complete only when told): a malloc of more than 16 MiB on another stream
-// needs those pages. Returns the kernel's work item (SimulatedDevice::ordered_after).
+// needs those pages. Returns the kernel's work item (SimStreams::ordered_after).
 std::uint64_t free_while_its_kernel_runs(SimulatedDevice& device, Engine& engine, StreamId a) {
   void* p = engine.malloc(48 * MiB, a);
-  device.submit_work(a);
-  const std::uint64_t kernel = device.submitted(a);
+  device.streams().submit_work(a);
+  const std::uint64_t kernel = device.streams().submitted(a);
   engine.free(p);
   return kernel;
 }
@@ -33,15 +33,17 @@ TEST(Engine, OtherStreamTakesMemoryOnlyOnceItsWorkComesAfterTheFreeingStream) {
   Engine engine(device);
   constexpr StreamId a = 1, b = 2;
   const std::uint64_t kernel = free_while_its_kernel_runs(device, engine, a);
-  EXPECT_FALSE(device.ordered_after(b, a, kernel));
+  EXPECT_FALSE(device.streams().ordered_after(b, a, kernel));
   void* q = engine.malloc(56 * MiB, b);  // more than the device has left: a's pages are needed
-  EXPECT_TRUE(device.ordered_after(b, a, kernel)) << "b took memory a's kernel may still use";
+  EXPECT_TRUE(device.streams().ordered_after(b, a, kernel))
+      << "b took memory a's kernel may still use";
   EXPECT_EQ(engine.stats().num_sync_all_streams, 0);
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 0u);
   EXPECT_GT(engine.stats().num_stream_handovers, 0);
   EXPECT_GT(engine.stats().num_stitches, 0);
   EXPECT_EQ(engine.stats().chunks_held, 28);  // 56 MiB: no chunk beyond them
-  EXPECT_FALSE(device.ordered_after(a, b, device.submitted(b) + 1));  // nothing the other way
+  // Nothing the other way.
+  EXPECT_FALSE(device.streams().ordered_after(a, b, device.streams().submitted(b) + 1));
   engine.free(q);
   engine.check_invariants();
 }
@@ -54,8 +56,8 @@ TEST(Engine, WithoutHandoversATakerWaitsOnTheHost) {
   constexpr StreamId a = 1, b = 2;
   const std::uint64_t kernel = free_while_its_kernel_runs(device, engine, a);
   void* q = engine.malloc(56 * MiB, b);
-  EXPECT_TRUE(device.ordered_after(b, a, kernel));  // done: waited for
-  EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
+  EXPECT_TRUE(device.streams().ordered_after(b, a, kernel));  // done: waited for
+  EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), 0u);
   EXPECT_EQ(engine.stats().num_stream_handovers, 0);
   EXPECT_GT(engine.stats().num_sync_all_streams, 0);
   engine.free(q);
@@ -70,13 +72,13 @@ TEST(Engine, ATakerBeingCapturedWaitsOnTheHostInstead) {
   constexpr StreamId a = 1, b = 2;
   engine.free(engine.malloc(2 * MiB, b));  // b is known to the engine
   const std::uint64_t kernel = free_while_its_kernel_runs(device, engine, a);
-  device.set_stream_capturing(b, true);
+  device.streams().set_capturing(b, true);
   engine.set_capturing(true);
   void* q = engine.malloc(56 * MiB, b);
   engine.set_capturing(false);
-  device.set_stream_capturing(b, false);
-  EXPECT_TRUE(device.ordered_after(b, a, kernel));  // a's kernel is done: waited for
-  EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
+  device.streams().set_capturing(b, false);
+  EXPECT_TRUE(device.streams().ordered_after(b, a, kernel));  // a's kernel is done: waited for
+  EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), 0u);
   EXPECT_GT(engine.stats().num_sync_all_streams, 0);
   engine.free(q);
   engine.check_invariants();
@@ -99,7 +101,7 @@ TEST(Engine, StatsSayWhatDeviceCallsAndStreamWaitsCostTheHost) {
   step();
   const MemoryStats first = engine.stats();
   EXPECT_GT(first.device_call_us, 0);
-  EXPECT_EQ(first.device_call_us, static_cast<std::int64_t>(device.modelled_call_us()));
+  EXPECT_EQ(first.device_call_us, static_cast<std::int64_t>(device.ledger().modelled_call_us()));
   EXPECT_EQ(first.stream_wait_us, 0);
   for (int i = 0; i < 3; ++i) step();  // the steady state costs nothing
   EXPECT_EQ(engine.stats().device_call_us, first.device_call_us);
@@ -117,7 +119,7 @@ TEST(Engine, StatsSayWhatDeviceCallsAndStreamWaitsCostTheHost) {
   engine.empty_cache();
   const MemoryStats after = engine.stats();
   EXPECT_GT(after.stream_wait_us, 0);
-  EXPECT_EQ(after.stream_wait_us, static_cast<std::int64_t>(device.modelled_wait_us()));
+  EXPECT_EQ(after.stream_wait_us, static_cast<std::int64_t>(device.ledger().modelled_wait_us()));
   EXPECT_GT(after.device_call_us, handed.device_call_us);
   engine.check_invariants();
 }
@@ -130,13 +132,14 @@ TEST(Engine, StitchingOnOneStreamNeedsNoWait) {
   constexpr StreamId s = 3;
   void* a = engine.malloc(2 * MiB, s);      // page 0
   void* fence = engine.malloc(2 * MiB, s);  // page 1
-  device.submit_work(s);
+  device.streams().submit_work(s);
   engine.free(a);
   void* b = engine.malloc(4 * MiB, s);  // fits no free range below: pages 2 and 3
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
-  EXPECT_EQ(device.calls(DeviceCall::unmap), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::unmap), 0u);
   EXPECT_GT(engine.stats().num_stitches, 0);
-  EXPECT_EQ(device.chunk_at(reinterpret_cast<DevicePtr>(b)), device.chunk_at(reinterpret_cast<DevicePtr>(a)));
+  EXPECT_EQ(device.memory().chunk_at(reinterpret_cast<DevicePtr>(b)),
+            device.memory().chunk_at(reinterpret_cast<DevicePtr>(a)));
   engine.check_invariants();
 
   // Now `a`'s page is wanted again while its chunk is busy in `b`: the page is remapped, and
@@ -144,8 +147,9 @@ TEST(Engine, StitchingOnOneStreamNeedsNoWait) {
   // freed must have finished first (found on the H100: GPT-2 crashed with an illegal address).
   void* again = engine.malloc(2 * MiB, s);
   EXPECT_EQ(again, a);
-  EXPECT_GT(device.calls(DeviceCall::synchronize_event), 0u);
-  EXPECT_NE(device.chunk_at(reinterpret_cast<DevicePtr>(again)), device.chunk_at(reinterpret_cast<DevicePtr>(b)));
+  EXPECT_GT(device.ledger().calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_NE(device.memory().chunk_at(reinterpret_cast<DevicePtr>(again)),
+            device.memory().chunk_at(reinterpret_cast<DevicePtr>(b)));
   for (void* p : {again, b, fence}) engine.free(p);
   engine.check_invariants();
 }
@@ -164,27 +168,31 @@ TEST(Engine, AStealTakesChunksTheGpuIsDoneWithBeforeOnesDueLater) {
   void* d = engine.malloc(2 * MiB, s2);
   engine.free(a);
   engine.free(d);
-  device.complete_stream(s2);  // done (the steal's scan asks)
-  device.submit_work(s1);
+  device.streams().complete_stream(s2);  // done (the steal's scan asks)
+  device.streams().submit_work(s1);
   engine.free(b);  // the GPU has not reached this free
   ASSERT_EQ(engine.stats().chunks_held, 4);
 
   void* t = engine.malloc(4 * MiB, s1);  // fits no free range of s1's: two pages, two steals
   EXPECT_EQ(engine.stats().chunks_held, 4);
-  const auto chunk_of = [&](void* p) { return device.chunk_at(reinterpret_cast<DevicePtr>(p)); };
+  const auto chunk_of = [&](void* p) {
+    return device.memory().chunk_at(reinterpret_cast<DevicePtr>(p));
+  };
   const std::set<ChunkHandle> stolen{chunk_of(t), chunk_of(static_cast<char*>(t) + 2 * MiB)};
   EXPECT_EQ(stolen, (std::set<ChunkHandle>{chunk_of(a), chunk_of(d)}));
 
   // b's page still has its chunk: taking it again makes no device call and no host wait.
-  const std::uint64_t calls = device.calls(DeviceCall::map) + device.calls(DeviceCall::unmap);
+  const std::uint64_t calls =
+      device.ledger().calls(DeviceCall::map) + device.ledger().calls(DeviceCall::unmap);
   void* again = engine.malloc(2 * MiB, s1);
   EXPECT_EQ(again, b);
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
-  EXPECT_EQ(device.calls(DeviceCall::map) + device.calls(DeviceCall::unmap), calls);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map) + device.ledger().calls(DeviceCall::unmap),
+            calls);
   // s2's pages get other chunks when next used, and wait for nothing: s2 is done with them.
   void* a2 = engine.malloc(2 * MiB, s2);
   EXPECT_EQ(a2, a);
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 0u);
   for (void* p : {again, fence, t, a2}) engine.free(p);
   engine.check_invariants();
 }
@@ -199,12 +207,12 @@ TEST(Engine, StablePagesKeepTheirChunksAndNeverWait) {
   EXPECT_TRUE(engine.options().stable_pages);
   constexpr StreamId s = 3;
   auto chunk_of = [&](void* p, std::size_t offset = 0) {
-    return device.chunk_at(reinterpret_cast<DevicePtr>(p) + offset);
+    return device.memory().chunk_at(reinterpret_cast<DevicePtr>(p) + offset);
   };
   void* a = engine.malloc(2 * MiB, s);
   void* fence = engine.malloc(2 * MiB, s);
   const ChunkHandle a_chunk = chunk_of(a);
-  device.submit_work(s);
+  device.streams().submit_work(s);
   engine.free(a);
   void* b = engine.malloc(4 * MiB, s);
   EXPECT_EQ(engine.stats().num_stitches, 0);
@@ -213,19 +221,21 @@ TEST(Engine, StablePagesKeepTheirChunksAndNeverWait) {
   void* again = engine.malloc(2 * MiB, s);
   EXPECT_EQ(again, a);
   EXPECT_EQ(chunk_of(again), a_chunk);
-  EXPECT_EQ(device.calls(DeviceCall::unmap), 0u);
-  EXPECT_EQ(device.calls(DeviceCall::record_event) + device.calls(DeviceCall::synchronize_event), 0u);
-  EXPECT_EQ(device.max_chunk_maps(), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::unmap), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::record_event) +
+                device.ledger().calls(DeviceCall::synchronize_event),
+            0u);
+  EXPECT_EQ(device.memory().max_chunk_maps(), 1u);
   engine.check_invariants();
 
   // The device's four chunks are all mapped: another stream's page finds none to take (a
   // default engine would steal a free one) until empty_cache gives the free ones back.
   for (void* p : {again, b}) engine.free(p);
   EXPECT_THROW(engine.malloc(2 * MiB, 5), OutOfMemoryError);
-  device.complete_stream(s);
+  device.streams().complete_stream(s);
   engine.empty_cache();
   void* other = engine.malloc(2 * MiB, 5);
-  EXPECT_EQ(device.max_chunk_maps(), 1u);
+  EXPECT_EQ(device.memory().max_chunk_maps(), 1u);
   for (void* p : {other, fence}) engine.free(p);
   engine.check_invariants();
 
@@ -234,7 +244,7 @@ TEST(Engine, StablePagesKeepTheirChunksAndNeverWait) {
     engine.mark_step();
     engine.free(engine.malloc((step % 2 ? 4 : 6) * MiB, s));
   }
-  EXPECT_EQ(device.max_chunk_maps(), 1u);
+  EXPECT_EQ(device.memory().max_chunk_maps(), 1u);
   EXPECT_EQ(engine.stats().plans, 0);
 }
 
@@ -242,12 +252,12 @@ TEST(Engine, EmptyCacheWaitsForTheFreeingStream) {
   SimulatedDevice device(device_of(64 * MiB, /*immediate=*/false));
   Engine engine(device);
   void* p = engine.malloc(8 * MiB, 3);
-  device.submit_work(3);
+  device.streams().submit_work(3);
   engine.free(p);
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 0u);
   engine.empty_cache();
-  EXPECT_GT(device.calls(DeviceCall::synchronize_event), 0u);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_GT(device.ledger().calls(DeviceCall::synchronize_event), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
   engine.check_invariants();
 }
 
@@ -262,7 +272,7 @@ TEST(Engine, RecordStreamHoldsTheBlockUntilThatStreamCaughtUp) {
   void* q = engine.malloc(8 * MiB, compute);
   EXPECT_NE(q, p);  // still in use on the side stream
   engine.check_invariants();
-  device.complete_stream(side);
+  device.streams().complete_stream(side);
   engine.free(q);
   void* r = engine.malloc(8 * MiB, compute);  // the pending free is processed first
   EXPECT_EQ(engine.stats().active_bytes[kAllPools].current, static_cast<std::int64_t>(8 * MiB));
@@ -278,23 +288,25 @@ TEST(Engine, ABlockHeldForAnotherStreamIsDoneOnItsOwnStreamFromItsFree) {
   Engine engine(device);
   constexpr StreamId compute = 0, side = 5;
   void* weights = engine.malloc(8 * MiB, side);
-  device.submit_work(side);  // the copy in
+  device.streams().submit_work(side);  // the copy in
   engine.record_stream(weights, compute);
-  device.submit_work(compute);  // the layer that reads it
-  device.complete_stream(side);
+  device.streams().submit_work(compute);  // the layer that reads it
+  device.streams().complete_stream(side);
   engine.free(weights);
   MemoryStats s = engine.stats();
   EXPECT_EQ(s.pending_free_bytes, static_cast<std::int64_t>(8 * MiB));
   EXPECT_EQ(s.reserved_bytes[kAllPools].current - s.allocated_bytes[kAllPools].current,
             s.free_mapped_bytes + s.free_unmapped_bytes + s.partial_page_bytes +
                 s.small_slack_bytes + s.pending_free_bytes);
-  device.submit_work(side);  // the next layer's copy, queued after the free
-  device.complete_stream(compute);
-  const std::uint64_t waits = device.calls(DeviceCall::synchronize_event);
-  const std::uint64_t handovers = device.calls(DeviceCall::wait_event);
+  device.streams().submit_work(side);  // the next layer's copy, queued after the free
+  device.streams().complete_stream(compute);
+  const std::uint64_t waits = device.ledger().calls(DeviceCall::synchronize_event);
+  const std::uint64_t handovers = device.ledger().calls(DeviceCall::wait_event);
   void* activations = engine.malloc(8 * MiB, compute);  // the whole device: the weights' chunks
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), waits) << "waited for the next copy";
-  EXPECT_EQ(device.calls(DeviceCall::wait_event), handovers) << "ordered after the next copy";
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), waits)
+      << "waited for the next copy";
+  EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), handovers)
+      << "ordered after the next copy";
   EXPECT_EQ(engine.stats().pending_free_bytes, 0);
   engine.free(activations);
   engine.check_invariants();
@@ -309,16 +321,16 @@ void held_free_taken_back(bool handovers) {
   constexpr StreamId compute = 0, side = 5;
   const std::uint64_t copy = free_held_by(device, engine, 8 * MiB, compute, side).kernel;
   void* q = engine.malloc(8 * MiB, compute);  // the whole device: the held block's memory
-  EXPECT_TRUE(device.ordered_after(compute, side, copy));
+  EXPECT_TRUE(device.streams().ordered_after(compute, side, copy));
   const MemoryStats s = engine.stats();
   EXPECT_EQ(s.pending_free_bytes, 0);
   if (handovers) {
-    EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 0u) << "a host wait";
-    EXPECT_EQ(device.calls(DeviceCall::wait_event), 1u);
+    EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 0u) << "a host wait";
+    EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), 1u);
     EXPECT_EQ(s.num_stream_handovers, 1);
   } else {
-    EXPECT_GT(device.calls(DeviceCall::synchronize_event), 0u);
-    EXPECT_EQ(device.calls(DeviceCall::wait_event), 0u);
+    EXPECT_GT(device.ledger().calls(DeviceCall::synchronize_event), 0u);
+    EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), 0u);
   }
   engine.free(q);
   engine.check_invariants();
@@ -338,20 +350,21 @@ TEST(Engine, APageAnotherStreamIsDoneWithIsPolledNotRemapped) {
   constexpr StreamId main_stream = 1, side = 2;
   void* x = engine.malloc(2 * MiB, main_stream);
   engine.free(x);
-  device.complete_stream(main_stream);
+  device.streams().complete_stream(main_stream);
   void* y = engine.malloc(2 * MiB, side);  // the one chunk, stolen: mapped at both pages
   ASSERT_EQ(engine.stats().chunks_held, 1);
-  device.submit_work(side);  // a kernel on y
+  device.streams().submit_work(side);  // a kernel on y
   engine.free(y);
-  device.complete_stream(side);  // done, but not polled
+  device.streams().complete_stream(side);  // done, but not polled
 
-  const std::uint64_t maps = device.calls(DeviceCall::map);
-  const std::uint64_t unmaps = device.calls(DeviceCall::unmap);
+  const std::uint64_t maps = device.ledger().calls(DeviceCall::map);
+  const std::uint64_t unmaps = device.ledger().calls(DeviceCall::unmap);
   const std::uint64_t events = event_calls(device);
   void* again = engine.malloc(2 * MiB, main_stream);
   EXPECT_EQ(again, x);
-  EXPECT_EQ(device.calls(DeviceCall::map), maps) << "remapped a page the side stream was done with";
-  EXPECT_EQ(device.calls(DeviceCall::unmap), unmaps);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map), maps)
+      << "remapped a page the side stream was done with";
+  EXPECT_EQ(device.ledger().calls(DeviceCall::unmap), unmaps);
   EXPECT_GT(event_calls(device), events);  // it asked
   engine.free(again);
   engine.check_invariants();
@@ -360,14 +373,14 @@ TEST(Engine, APageAnotherStreamIsDoneWithIsPolledNotRemapped) {
   // main stream made to wait for the side on the GPU), never used while a kernel may still
   // touch it; no remap either.
   void* z = engine.malloc(2 * MiB, side);
-  device.submit_work(side);
-  const std::uint64_t kernel = device.submitted(side);
+  device.streams().submit_work(side);
+  const std::uint64_t kernel = device.streams().submitted(side);
   engine.free(z);
   void* w = engine.malloc(2 * MiB, main_stream);  // its one chunk
   EXPECT_EQ(w, x);
-  EXPECT_TRUE(device.ordered_after(main_stream, side, kernel))
+  EXPECT_TRUE(device.streams().ordered_after(main_stream, side, kernel))
       << "the main stream took the chunk the side stream may still use";
-  EXPECT_EQ(device.calls(DeviceCall::map), maps);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map), maps);
   EXPECT_EQ(engine.stats().num_stream_handovers, 1);
   engine.free(w);
   engine.check_invariants();

@@ -43,14 +43,15 @@ TEST(Engine, BlocksAreAlignedMappedAndCountedInTheirPool) {
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small) % kAlignment, 0u);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large) % kAlignment, 0u);
   const auto last = reinterpret_cast<std::uintptr_t>(large) + 3 * MiB;
-  EXPECT_TRUE(device.is_accessible(reinterpret_cast<std::uintptr_t>(small)));
-  EXPECT_TRUE(device.is_accessible(last));
+  EXPECT_TRUE(device.memory().is_accessible(reinterpret_cast<std::uintptr_t>(small)));
+  EXPECT_TRUE(device.memory().is_accessible(last));
   const MemoryStats s = engine.stats();
   EXPECT_EQ(s.allocated_bytes[kSmallPool].current, 512);
   EXPECT_EQ(s.requested_bytes[kSmallPool].current, 100);
   EXPECT_EQ(s.allocated_bytes[kLargePool].current, static_cast<std::int64_t>(3 * MiB + 512));
   EXPECT_EQ(s.allocation[kAllPools].current, 2);
-  EXPECT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(device.chunk_bytes()));
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current,
+            static_cast<std::int64_t>(device.memory().chunk_bytes()));
   EXPECT_GE(s.reserved_bytes[kAllPools].current, s.allocated_bytes[kAllPools].current);
   EXPECT_EQ(engine.block_info(large).requested, 3 * MiB + 1);
   engine.free(small);
@@ -237,7 +238,8 @@ TEST(Engine, LargerPagesMapFewerLargerChunks) {
       std::vector<void*> live;
       for (std::size_t size : step) {
         live.push_back(engine.malloc(size));
-        EXPECT_TRUE(device.is_accessible(reinterpret_cast<std::uintptr_t>(live.back()) + size - 1));
+        EXPECT_TRUE(device.memory().is_accessible(
+            reinterpret_cast<std::uintptr_t>(live.back()) + size - 1));
       }
       for (void* p : live) engine.free(p);
       if (s == 0) after_first = mapping_calls(device);
@@ -245,9 +247,11 @@ TEST(Engine, LargerPagesMapFewerLargerChunks) {
     EXPECT_EQ(mapping_calls(device), after_first) << "page size " << page_size;  // converged
     engine.check_invariants();
     const MemoryStats s = engine.stats();
-    EXPECT_EQ(s.reserved_bytes[kAllPools].current, static_cast<std::int64_t>(device.chunk_bytes()));
-    EXPECT_EQ(device.chunk_bytes() % (page_size ? page_size : 2 * MiB), 0u);
-    return std::pair{device.calls(DeviceCall::create_chunk), device.modelled_call_us()};
+    EXPECT_EQ(s.reserved_bytes[kAllPools].current,
+              static_cast<std::int64_t>(device.memory().chunk_bytes()));
+    EXPECT_EQ(device.memory().chunk_bytes() % (page_size ? page_size : 2 * MiB), 0u);
+    return std::pair{device.ledger().calls(DeviceCall::create_chunk),
+                     device.ledger().modelled_call_us()};
   };
   const auto [chunks_2, us_2] = run(0);
   const auto [chunks_16, us_16] = run(16 * MiB);
@@ -314,7 +318,7 @@ TEST(Engine, LargeBlocksTakenAgainKeepEveryInvariant) {
       engine.free(live[i]);
       ASSERT_NO_THROW(engine.check_invariants()) << "step " << s;
     }
-    device.complete_stream(0);
+    device.streams().complete_stream(0);
     if (s == 2) after_warmup = mapping_calls(device);
   }
   EXPECT_EQ(mapping_calls(device), after_warmup) << "a repeating loop of large blocks kept mapping";
@@ -330,7 +334,7 @@ TEST(Engine, LargeBlocksTakenAgainKeepEveryInvariant) {
   engine.free(shared);
   ASSERT_NO_THROW(engine.check_invariants());
   for (void* p : other) engine.free(p);
-  device.complete_stream(1);
+  device.streams().complete_stream(1);
   ASSERT_NO_THROW(engine.check_invariants());
   // Back on stream 0, under a limit that forces stitching from the pages stream 1 left.
   engine.set_memory_limit(2 * GiB);
@@ -340,15 +344,15 @@ TEST(Engine, LargeBlocksTakenAgainKeepEveryInvariant) {
     ASSERT_NO_THROW(engine.check_invariants());
     for (void* p : live) engine.free(p);
     ASSERT_NO_THROW(engine.check_invariants());
-    device.complete_stream(0);
+    device.streams().complete_stream(0);
   }
   const MemoryStats st = engine.detailed_stats();
   EXPECT_EQ(st.allocated_bytes[kAllPools].current, 0);
   EXPECT_GE(st.largest_free_range, static_cast<std::int64_t>(300 * MiB));
-  device.complete_stream(1);
+  device.streams().complete_stream(1);
   engine.empty_cache();
   ASSERT_NO_THROW(engine.check_invariants());
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
 }
 
 TEST(Engine, StatsFlattenUnderPyTorchNames) {
@@ -373,9 +377,9 @@ TEST(Engine, ReleasesEverythingOnDestruction) {
     engine.malloc(5 * MiB);  // leaked on purpose
     engine.malloc(100);
   }
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.mapped_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().mapped_bytes(), 0u);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 0u);
 }
 
 }  // namespace

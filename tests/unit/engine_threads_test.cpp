@@ -75,8 +75,8 @@ void four_threads_churn(bool lagging) {
       std::vector<void*> live;
       for (int i = 0; i < 5000; ++i) {
         if (lagging) {
-          device.submit_work(static_cast<StreamId>(t));
-          if (i % 16 == 0) device.complete_stream(static_cast<StreamId>(t));
+          device.streams().submit_work(static_cast<StreamId>(t));
+          if (i % 16 == 0) device.streams().complete_stream(static_cast<StreamId>(t));
         }
         if (!live.empty() && rng() % 2) {
           engine.free(live.back());

@@ -137,8 +137,8 @@ void* expect_others_go_on_while_held(GatedDevice& device, Engine& engine, Device
                                      const std::function<void*()>& slow_malloc) {
   void* keep = engine.malloc(4 * KiB, 1);  // a slab, and a range taken twice: mapped
   engine.free(engine.malloc(1 * MiB, 1));
-  const std::uint64_t gated_before = device.sim.calls(gated);
-  const std::uint64_t maps_before = device.sim.calls(DeviceCall::map);
+  const std::uint64_t gated_before = device.sim.ledger().calls(gated);
+  const std::uint64_t maps_before = device.sim.ledger().calls(DeviceCall::map);
 
   device.shut(gated);
   auto slow = std::async(std::launch::async, slow_malloc);
@@ -154,14 +154,14 @@ void* expect_others_go_on_while_held(GatedDevice& device, Engine& engine, Device
   });
   const bool finished = other.wait_for(kPatience) == std::future_status::ready;
   const bool slow_held = slow.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
-  const std::uint64_t maps_meanwhile = device.sim.calls(DeviceCall::map) - maps_before;
+  const std::uint64_t maps_meanwhile = device.sim.ledger().calls(DeviceCall::map) - maps_before;
   device.open();
   other.get();
   void* block = slow.get();
   EXPECT_TRUE(finished) << "another thread's mallocs waited for a malloc's "
                         << device_call_name(gated);
   EXPECT_TRUE(slow_held);
-  EXPECT_GT(device.sim.calls(gated), gated_before);
+  EXPECT_GT(device.sim.ledger().calls(gated), gated_before);
   if (gated == DeviceCall::map) EXPECT_EQ(maps_meanwhile, 0u);  // the other thread mapped nothing
   engine.check_invariants();
   engine.free(keep);
@@ -199,15 +199,15 @@ void others_go_on_while_a_malloc_remaps(DeviceCall gated) {
   void* first = engine.malloc(2 * MiB);   // page 0
   void* second = engine.malloc(2 * MiB);  // page 1: keeps page 0's range from merging
   engine.free(first);
-  device.sim.submit_work(0);              // page 0's last use is still running
+  device.sim.streams().submit_work(0);              // page 0's last use is still running
   // 32 MiB goes to the top of the free range; one of its pages steals page 0's chunk (an alias).
   void* big = engine.malloc(32 * MiB);
-  ASSERT_EQ(device.sim.calls(DeviceCall::unmap), 0u);
+  ASSERT_EQ(device.sim.ledger().calls(DeviceCall::unmap), 0u);
   // Page 0 again: its chunk is busy through the big block, so it is remapped.
   void* again = expect_others_go_on_while_held(device, engine, gated,
                                                [&] { return engine.malloc(2 * MiB); });
   EXPECT_EQ(again, first);
-  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), 1u);
+  EXPECT_EQ(device.sim.ledger().calls(DeviceCall::unmap), 1u);
   for (void* p : {again, second, big}) engine.free(p);
   engine.check_invariants();
 }
@@ -244,8 +244,8 @@ TEST(EngineThreadUnlockMapAhead, AMallocWhoseChunkAnEarlyMapHoldsWaitsForIt) {
   Engine engine(device, with_map_ahead());
   engine.mark_step();
   for (const std::size_t len : {3, 7}) two_block_step(engine, len);  // 18 and 42 MiB at once
-  const std::uint64_t unmaps = device.sim.calls(DeviceCall::unmap);
-  const std::uint64_t creates = device.sim.calls(DeviceCall::create_chunk);
+  const std::uint64_t unmaps = device.sim.ledger().calls(DeviceCall::unmap);
+  const std::uint64_t creates = device.sim.ledger().calls(DeviceCall::create_chunk);
   device.shut(DeviceCall::map);
   // A third new shape: its first block takes 10 of the 21 mapped pages, and the thread books
   // the other 11 chunks for the region (21 pages wanted) and is held at its first map.
@@ -256,12 +256,13 @@ TEST(EngineThreadUnlockMapAhead, AMallocWhoseChunkAnEarlyMapHoldsWaitsForIt) {
   }
   auto second = std::async(std::launch::async, [&] { return engine.malloc(5 * 2 * MiB); });
   const bool waited = second.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready;
-  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), unmaps) << "a page was remapped meanwhile";
+  EXPECT_EQ(device.sim.ledger().calls(DeviceCall::unmap), unmaps)
+      << "a page was remapped meanwhile";
   device.open();
   void* block = second.get();
   EXPECT_TRUE(waited) << "the block did not wait for the early batch";
-  EXPECT_EQ(device.sim.calls(DeviceCall::unmap), unmaps);
-  EXPECT_EQ(device.sim.calls(DeviceCall::create_chunk), creates);
+  EXPECT_EQ(device.sim.ledger().calls(DeviceCall::unmap), unmaps);
+  EXPECT_EQ(device.sim.ledger().calls(DeviceCall::create_chunk), creates);
   EXPECT_GT(engine.stats().num_maps_ahead, 0);
   engine.free(block);
   engine.free(first);
@@ -374,7 +375,7 @@ TEST_P(EngineThreadUnlockNeighbour, ABlockOnAPageInFlightWaitsUntilItIsMapped) {
   EXPECT_TRUE(waited) << "a block was handed out on a page whose map had not been made";
   ASSERT_EQ(page_of(next, granularity),
             page_of(static_cast<char*>(big) + 3 * MiB - 1, granularity));
-  EXPECT_EQ(device.sim.calls(DeviceCall::map), 2u);  // the neighbour's page was mapped once
+  EXPECT_EQ(device.sim.ledger().calls(DeviceCall::map), 2u);  // the neighbour's page, mapped once
   engine.check_invariants();
   engine.free(next);
   engine.free(big);
@@ -401,7 +402,7 @@ TEST_P(EngineThreadUnlockNeighbour, ACallFailingUnlockedIsRolledBackWhileOthersW
     // The neighbour's page was the failed malloc's: it maps it itself once the failure landed.
     void* next = neighbour.get();
     engine.check_invariants();  // its page among them: a used page is mapped
-    EXPECT_EQ(static_cast<std::int64_t>(device.sim.chunk_bytes()),
+    EXPECT_EQ(static_cast<std::int64_t>(device.sim.memory().chunk_bytes()),
               engine.stats().reserved_bytes[kAllPools].current);
     engine.free(next);
     void* again = engine.malloc(3 * MiB);  // the engine works on
@@ -410,9 +411,9 @@ TEST_P(EngineThreadUnlockNeighbour, ACallFailingUnlockedIsRolledBackWhileOthersW
     engine.free(keep);
     engine.empty_cache();
     engine.check_invariants();
-    EXPECT_EQ(device.sim.chunk_bytes(), 0u) << "chunks leaked";
+    EXPECT_EQ(device.sim.memory().chunk_bytes(), 0u) << "chunks leaked";
   }
-  EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.sim.memory().reserved_address_bytes(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Calls, EngineThreadUnlockNeighbour, kUnlockedCalls, call_name);
@@ -443,7 +444,7 @@ TEST(EngineThreadUnlockStress, FourThreadsShareAStreamWhileDeviceCallsFail) {
         for (int i = 0; i < 3000; ++i) {
           if (t == 0 && i % 50 == 0) {
             const DeviceCall calls[] = {DeviceCall::map, DeviceCall::set_access, DeviceCall::create_chunk};
-            device.sim.fail_call(calls[(i / 50) % 3], 1 + rng() % 8);
+            device.sim.ledger().fail_call(calls[(i / 50) % 3], 1 + rng() % 8);
           }
           if (!live.empty() && (rng() % 2 || live.size() > 24)) {
             engine.free(live.back());
@@ -465,21 +466,21 @@ TEST(EngineThreadUnlockStress, FourThreadsShareAStreamWhileDeviceCallsFail) {
     for (auto& th : threads) th.join();
     done = true;
     checker.join();
-    device.sim.fail_call(DeviceCall::map, 0);
-    device.sim.fail_call(DeviceCall::set_access, 0);
-    device.sim.fail_call(DeviceCall::create_chunk, 0);
+    device.sim.ledger().fail_call(DeviceCall::map, 0);
+    device.sim.ledger().fail_call(DeviceCall::set_access, 0);
+    device.sim.ledger().fail_call(DeviceCall::create_chunk, 0);
     engine.check_invariants();
     EXPECT_GT(failures.load(), 0);
     // A failed job undoes its maps before another thread's unmap can land beside them.
-    EXPECT_EQ(device.sim.unsafe_alias_unmaps(), 0u);
+    EXPECT_EQ(device.sim.memory().unsafe_alias_unmaps(), 0u);
     EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
-    EXPECT_EQ(static_cast<std::int64_t>(device.sim.chunk_bytes()),
+    EXPECT_EQ(static_cast<std::int64_t>(device.sim.memory().chunk_bytes()),
               engine.stats().reserved_bytes[kAllPools].current);
     engine.free(engine.malloc(64 * MiB));  // works on
     engine.empty_cache();
-    EXPECT_EQ(device.sim.chunk_bytes(), 0u) << "chunks leaked";
+    EXPECT_EQ(device.sim.memory().chunk_bytes(), 0u) << "chunks leaked";
   }
-  EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.sim.memory().reserved_address_bytes(), 0u);
 }
 
 // Four threads on two streams stitch at once, as gpu/gpu_tests.cu's
@@ -518,13 +519,13 @@ TEST(EngineThreadUnlockStress, ThreadsOnTwoStreamsNeverUnmapAnAliasInsideAMapJob
     }
     for (auto& th : threads) th.join();
     EXPECT_EQ(errors.load(), 0);
-    EXPECT_EQ(device.sim.unsafe_alias_unmaps(), 0u);
+    EXPECT_EQ(device.sim.memory().unsafe_alias_unmaps(), 0u);
     EXPECT_GT(engine.stats().num_stitches, 0);
-    EXPECT_GT(device.sim.calls(DeviceCall::unmap), 0u);
+    EXPECT_GT(device.sim.ledger().calls(DeviceCall::unmap), 0u);
     engine.check_invariants();
     EXPECT_EQ(engine.stats().allocated_bytes[kAllPools].current, 0);
   }
-  EXPECT_EQ(device.sim.reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.sim.memory().reserved_address_bytes(), 0u);
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ inline std::vector<Fault> all_faults() {
 // engine counts as reserved, and nothing more.
 inline void expect_no_chunk_lost(const SimulatedDevice& device, const Engine& engine,
                                  const std::string& where) {
-  EXPECT_EQ(static_cast<std::int64_t>(device.chunk_bytes()),
+  EXPECT_EQ(static_cast<std::int64_t>(device.memory().chunk_bytes()),
             engine.stats().reserved_bytes[kAllPools].current)
       << where;
 }

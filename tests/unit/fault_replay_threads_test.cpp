@@ -89,7 +89,7 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
     };
     for (std::size_t i = 0; i < ops; ++i) {
       const testing::TraceOp& op = program.ops[i];
-      device.submit_work(stream);  // a kernel: events recorded from now on wait for it
+      device.streams().submit_work(stream);  // a kernel: events recorded from now on wait for it
       bool ok;
       if (op.malloc) {
         ok = attempt("malloc", [&] { blocks[op.slot] = engine->malloc(op.size, stream); });
@@ -100,7 +100,8 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
       }
       if (!ok) break;
       ops_done.fetch_add(1);
-      if (i % 64 == 63) device.complete_stream(stream);  // this thread's GPU work caught up
+      // This thread's GPU work caught up.
+      if (i % 64 == 63) device.streams().complete_stream(stream);
       if (t == 0 && i % 1000 == 999) attempt("empty_cache", [&] { engine->empty_cache(); });
       if (t == 1 && i % 1000 == 499) {
         const auto reserved = static_cast<std::size_t>(engine->stats().reserved_bytes[kAllPools].current);
@@ -120,7 +121,7 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
     std::uint64_t fired_at_op = 0;
     bool fired = false;
     while (running.load() > 0) {
-      const std::uint64_t calls = device.calls(fault.call);
+      const std::uint64_t calls = device.ledger().calls(fault.call);
       if (!fired && armed_at != 0 && calls >= armed_at) {
         fired = true;
         fired_at_op = ops_done.load();
@@ -130,14 +131,14 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
       // made a hundred times a malloc, like cuEventQuery, would otherwise fail every retry).
       if (armed_at == 0 || (fired && ops_done.load() >= fired_at_op + 32)) {
         fired = false;
-        device.fail_call(fault.call, nth, fault.oom);
+        device.ledger().fail_call(fault.call, nth, fault.oom);
         armed_at = calls + nth;
         nth = nth >= 64 ? 1 : nth * 4;  // 1st, 4th, 16th, 64th call from now, and again
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    if (!fired && armed_at != 0 && device.calls(fault.call) >= armed_at) ++injected;
-    device.fail_call(fault.call, 0);
+    if (!fired && armed_at != 0 && device.ledger().calls(fault.call) >= armed_at) ++injected;
+    device.ledger().fail_call(fault.call, 0);
   });
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
@@ -148,18 +149,19 @@ TEST_P(FaultReplay, ThreadsReplayingTracesSurviveInjectedFailures) {
 
   engine->check_invariants();
   testing::expect_no_chunk_lost(device, *engine, "after the threads");
-  device.complete_all_streams();
+  device.streams().complete_all_streams();
   for (auto& blocks : leftovers)
     for (void* p : blocks) engine->free(p);
   engine->empty_cache();
   engine->check_invariants();
   EXPECT_EQ(engine->stats().allocated_bytes[kAllPools].current, 0);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), kThreads * kCapacity);  // one arena per stream
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
+  // One arena per stream.
+  EXPECT_EQ(device.memory().reserved_address_bytes(), kThreads * kCapacity);
   engine.reset();
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.reserved_address_bytes(), 0u);
-  EXPECT_EQ(device.live_events(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.streams().live_events(), 0u);
 
   Tally t;
   t.runs = 1;

@@ -94,7 +94,7 @@ class FaultyReplay {
     const auto& ops = program_.ops;
     for (i_ = 0; i_ < ops.size(); ++i_) {
       const testing::TraceOp& op = ops[i_];
-      device_->advance_host_time(op.host_advance_us);
+      device_->ledger().advance_host_time(op.host_advance_us);
       if (op.malloc) {
         blocks[op.slot] = malloc_retrying(op.size, op.stream);
         // Some blocks are used on side streams too: their frees wait for events there.
@@ -119,17 +119,18 @@ class FaultyReplay {
     retrying("empty_cache at the end", [&] { engine_->empty_cache(); });
     check("after freeing everything");
     require(engine_->stats().allocated_bytes[kAllPools].current == 0, where("allocated after freeing all"));
-    require(device_->chunk_bytes() == 0, where("chunks left after empty_cache: " +
-                                              std::to_string(device_->chunk_bytes())));
+    require(device_->memory().chunk_bytes() == 0, where("chunks left after empty_cache: " +
+                                              std::to_string(device_->memory().chunk_bytes())));
     t.injected = fired_points();
     t.waits = static_cast<std::uint64_t>(engine_->stats().num_sync_all_streams);
     t.retries = static_cast<std::uint64_t>(engine_->stats().num_alloc_retries);
-    device_->fail_call(fault_.call, 0);  // faults at destruction: FaultAtDestruction below
+    device_->ledger().fail_call(fault_.call, 0);  // faults at destruction: FaultAtDestruction below
     engine_.reset();
-    require(device_->chunk_bytes() == 0, where("chunks left after ~Engine"));
-    require(device_->reserved_address_bytes() == 0, where("address ranges left after ~Engine"));
-    require(device_->live_events() == 0, where("events left after ~Engine: " +
-                                              std::to_string(device_->live_events())));
+    require(device_->memory().chunk_bytes() == 0, where("chunks left after ~Engine"));
+    require(device_->memory().reserved_address_bytes() == 0,
+            where("address ranges left after ~Engine"));
+    require(device_->streams().live_events() == 0, where("events left after ~Engine: " +
+                                              std::to_string(device_->streams().live_events())));
     t.surfaced = surfaced_;
     t.ops = ops.size();
     t.survived_runs = 1;
@@ -145,11 +146,13 @@ class FaultyReplay {
  private:
   void arm(std::size_t point) {
     point_ = point;
-    const std::uint64_t calls = device_->calls(fault_.call);
+    const std::uint64_t calls = device_->ledger().calls(fault_.call);
     armed_at_ = std::max(point_call(point), calls + 1);
-    device_->fail_call(fault_.call, armed_at_ - calls, fault_.oom);
+    device_->ledger().fail_call(fault_.call, armed_at_ - calls, fault_.oom);
   }
-  bool armed_fired() const { return armed_at_ != ~std::uint64_t{0} && device_->calls(fault_.call) >= armed_at_; }
+  bool armed_fired() const {
+    return armed_at_ != ~std::uint64_t{0} && device_->ledger().calls(fault_.call) >= armed_at_;
+  }
   std::uint64_t fired_points() const { return point_ + (armed_fired() ? 1 : 0); }
   // Once the armed failure has fired (and been dealt with), arm the next.
   void after_op() {
@@ -163,12 +166,12 @@ class FaultyReplay {
       throw Violation(where(what + ": " + e.what()));
     }
     const auto reserved = engine_->stats().reserved_bytes[kAllPools].current;
-    require(static_cast<std::int64_t>(device_->chunk_bytes()) == reserved,
-            where(what + ": device holds " + std::to_string(device_->chunk_bytes()) +
+    require(static_cast<std::int64_t>(device_->memory().chunk_bytes()) == reserved,
+            where(what + ": device holds " + std::to_string(device_->memory().chunk_bytes()) +
                   " B of chunks, the engine counts " + std::to_string(reserved)));
     // One arena (a whole device of address space) per stream that allocated; a stream whose
     // first malloc failed after its arena was reserved keeps it too.
-    const std::size_t ranges = device_->reserved_address_bytes();
+    const std::size_t ranges = device_->memory().reserved_address_bytes();
     require(ranges % kCapacity == 0 && ranges / kCapacity >= streams_served_.size() &&
                 ranges / kCapacity <= streams_tried_.size(),
             where(what + ": " + std::to_string(ranges / kCapacity) + " arenas reserved for " +
@@ -326,7 +329,7 @@ TEST(FaultAtDestruction, WhatLeaksIsWhatTheFailedCallHeld) {
       std::vector<void*> blocks(program.slots, nullptr);
       for (std::size_t i = 0; i < program.ops.size(); ++i) {
         const testing::TraceOp& op = program.ops[i];
-        device.advance_host_time(op.host_advance_us);
+        device.ledger().advance_host_time(op.host_advance_us);
         if (op.malloc) {
           blocks[op.slot] = engine.malloc(op.size, op.stream);
           if (i % 5 == 0) engine.record_stream(blocks[op.slot], kSide1);
@@ -334,12 +337,13 @@ TEST(FaultAtDestruction, WhatLeaksIsWhatTheFailedCallHeld) {
           engine.free(blocks[op.slot]);
         }
       }
-      ASSERT_GT(device.reserved_address_bytes(), kCapacity);  // two arenas at least
-      ASSERT_GT(device.live_events(), 0u);
-      device.fail_call(call, 1);
+      ASSERT_GT(device.memory().reserved_address_bytes(), kCapacity);  // two arenas at least
+      ASSERT_GT(device.streams().live_events(), 0u);
+      device.ledger().fail_call(call, 1);
     }  // ~Engine, with live blocks and pending frees
-    const std::size_t ranges = device.reserved_address_bytes(), chunks = device.chunk_bytes();
-    const std::size_t events = device.live_events();
+    const std::size_t ranges = device.memory().reserved_address_bytes();
+    const std::size_t chunks = device.memory().chunk_bytes();
+    const std::size_t events = device.streams().live_events();
     switch (call) {
       case DeviceCall::release_address:
         EXPECT_EQ(ranges, kCapacity);
@@ -354,7 +358,7 @@ TEST(FaultAtDestruction, WhatLeaksIsWhatTheFailedCallHeld) {
       case DeviceCall::unmap:
         EXPECT_EQ(ranges, kCapacity);
         EXPECT_EQ(chunks, kGranule);
-        EXPECT_EQ(device.mapped_bytes(), kGranule);
+        EXPECT_EQ(device.memory().mapped_bytes(), kGranule);
         EXPECT_EQ(events, 0u);
         break;
       default:  // destroy_event
@@ -378,7 +382,7 @@ TEST(FaultBugs, FailedEventDestroyLeavesNoDestroyedEventPending) {
   engine.record_stream(p, 1);
   engine.record_stream(p, 2);
   engine.free(p);  // pending, with an event on stream 1 and one on stream 2
-  device.fail_call(DeviceCall::destroy_event, 2);
+  device.ledger().fail_call(DeviceCall::destroy_event, 2);
   EXPECT_THROW(engine.malloc(512), DeviceError);  // the first event destroyed, the second not
   // The failure is spent: the engine serves again (it failed: "cuEventQuery failed (code 400):
   // unknown event 1", on this malloc and every one after it).

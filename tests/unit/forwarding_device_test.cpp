@@ -194,25 +194,25 @@ EngineRun run_program(SimulatedDevice& sim, Device& device) {
     void* x = alloc(3 * MiB + 100, a);
     void* small = alloc(1000, a);
     void* big = alloc(40 * MiB, a);
-    sim.submit_work(a);  // a kernel on `big`, still running when it is freed
+    sim.streams().submit_work(a);  // a kernel on `big`, still running when it is freed
     engine.free(big);
     void* other = alloc(48 * MiB, b);  // more than is left: a's freed pages handed over
     engine.free(other);
     engine.free(small);
     engine.free(x);
-    sim.submit_work(b);
-    sim.advance_host_time(500);
+    sim.streams().submit_work(b);
+    sim.ledger().advance_host_time(500);
     engine.mark_step();
   }
-  sim.submit_work(a);
+  sim.streams().submit_work(a);
   void* held = alloc(24 * MiB, a);
   engine.free(held);
-  sim.set_stream_capturing(a, true);  // a graph captured on `a`: its freed memory is not taken
+  sim.streams().set_capturing(a, true);  // a graph captured on `a`: its freed memory is not taken
   engine.set_capturing(true);
   engine.free(alloc(8 * MiB, b));
   engine.set_capturing(false);
-  sim.set_stream_capturing(a, false);
-  sim.complete_all_streams();
+  sim.streams().set_capturing(a, false);
+  sim.streams().complete_all_streams();
   engine.empty_cache();
   engine.check_invariants();
 
@@ -220,11 +220,11 @@ EngineRun run_program(SimulatedDevice& sim, Device& device) {
   run.stats.plan_wait_us = 0;  // the real time spent making plans: no device's, nor the same twice
   run.flat = run.stats.flatten();
   for (std::size_t i = 0; i < run.calls.size(); ++i)
-    run.calls[i] = sim.calls(static_cast<DeviceCall>(i));
-  run.call_us = sim.modelled_call_us();
-  run.wait_us = sim.modelled_wait_us();
+    run.calls[i] = sim.ledger().calls(static_cast<DeviceCall>(i));
+  run.call_us = sim.ledger().modelled_call_us();
+  run.wait_us = sim.ledger().modelled_wait_us();
   run.host_us = sim.host_time();
-  run.chunk_bytes = sim.chunk_bytes();
+  run.chunk_bytes = sim.memory().chunk_bytes();
   return run;
 }
 
@@ -234,7 +234,7 @@ TEST(ForwardingDevice, AnEngineRunsOnItAsOnTheDeviceUnderIt) {
   const EngineRun expected = run_program(direct, direct);
   // The program reaches the calls with defaults in Device; otherwise the comparison below
   // would not notice them falling back.
-  EXPECT_GT(direct.calls(DeviceCall::wait_event), 0u);
+  EXPECT_GT(direct.ledger().calls(DeviceCall::wait_event), 0u);
   EXPECT_GT(expected.stats.num_stream_handovers, 0);
   EXPECT_GT(expected.stats.device_call_us, 0);
 

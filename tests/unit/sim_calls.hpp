@@ -12,17 +12,19 @@ namespace gmem {
 
 // Every call that creates, maps, unmaps, releases or sets access to memory.
 inline std::uint64_t mapping_calls(const SimulatedDevice& d) {
-  return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) +
-         d.calls(DeviceCall::unmap) + d.calls(DeviceCall::release_chunk) +
-         d.calls(DeviceCall::set_access);
+  const SimCallLedger& ledger = d.ledger();
+  return ledger.calls(DeviceCall::create_chunk) + ledger.calls(DeviceCall::map) +
+         ledger.calls(DeviceCall::unmap) + ledger.calls(DeviceCall::release_chunk) +
+         ledger.calls(DeviceCall::set_access);
 }
 
 // Every event call (created, recorded, queried, waited for on the host or by a stream): what a
 // capture forbids.
 inline std::uint64_t event_calls(const SimulatedDevice& d) {
-  return d.calls(DeviceCall::create_event) + d.calls(DeviceCall::record_event) +
-         d.calls(DeviceCall::query_event) + d.calls(DeviceCall::synchronize_event) +
-         d.calls(DeviceCall::wait_event);
+  const SimCallLedger& ledger = d.ledger();
+  return ledger.calls(DeviceCall::create_event) + ledger.calls(DeviceCall::record_event) +
+         ledger.calls(DeviceCall::query_event) + ledger.calls(DeviceCall::synchronize_event) +
+         ledger.calls(DeviceCall::wait_event);
 }
 
 // A block of `bytes` that `stream` made, used on `other` too (record_stream) by a kernel still
@@ -36,8 +38,8 @@ inline HeldFree free_held_by(SimulatedDevice& d, Engine& engine, std::size_t byt
                              StreamId other) {
   void* p = engine.malloc(bytes, stream);
   engine.record_stream(p, other);
-  d.submit_work(other);
-  const std::uint64_t kernel = d.submitted(other);
+  d.streams().submit_work(other);
+  const std::uint64_t kernel = d.streams().submitted(other);
   engine.free(p);
   return {p, kernel};
 }

@@ -25,9 +25,9 @@ TEST(SimDevice, ReservesAlignedDisjointHighAddresses) {
   EXPECT_EQ(b % (1024 * kMiB), 0u);
   EXPECT_GE(b, a + 64 * kMiB);
   EXPECT_GE(c, b + 8 * kMiB);
-  EXPECT_EQ(device.reserved_address_bytes(), 74 * kMiB);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 74 * kMiB);
   device.release_address(b, 8 * kMiB);
-  EXPECT_EQ(device.reserved_address_bytes(), 66 * kMiB);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 66 * kMiB);
 }
 
 TEST(SimDevice, RejectsBadReservations) {
@@ -41,7 +41,7 @@ TEST(SimDevice, RejectsBadReservations) {
   expect_device_error([&] { device.release_address(base, 2 * kGranule); }, "cuMemAddressFree");
   device.release_address(base, 4 * kGranule);
   expect_device_error([&] { device.release_address(base, 4 * kGranule); }, "cuMemAddressFree");
-  EXPECT_EQ(device.reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 0u);
 }
 
 TEST(SimDevice, RejectsBadOptions) {
@@ -62,12 +62,12 @@ TEST(SimDevice, MapsWholeChunksInsideReservations) {
   EXPECT_NE(one, two);
 
   device.map(base + 3 * kGranule, 2 * kGranule, two);
-  EXPECT_TRUE(device.is_mapped(base + 3 * kGranule));
-  EXPECT_TRUE(device.is_mapped(base + 5 * kGranule - 1));
-  EXPECT_FALSE(device.is_mapped(base + 5 * kGranule));
-  EXPECT_EQ(device.chunk_at(base + 4 * kGranule + 12345), two);
-  EXPECT_EQ(device.chunk_at(base), 0u);
-  EXPECT_EQ(device.mapped_bytes(), 2 * kGranule);
+  EXPECT_TRUE(device.memory().is_mapped(base + 3 * kGranule));
+  EXPECT_TRUE(device.memory().is_mapped(base + 5 * kGranule - 1));
+  EXPECT_FALSE(device.memory().is_mapped(base + 5 * kGranule));
+  EXPECT_EQ(device.memory().chunk_at(base + 4 * kGranule + 12345), two);
+  EXPECT_EQ(device.memory().chunk_at(base), 0u);
+  EXPECT_EQ(device.memory().mapped_bytes(), 2 * kGranule);
 
   // Outside or straddling the reservation, misaligned, wrong size, unknown chunk, double map.
   expect_device_error([&] { device.map(base - kGranule, kGranule, one); }, "cuMemMap");
@@ -77,14 +77,14 @@ TEST(SimDevice, MapsWholeChunksInsideReservations) {
   expect_device_error([&] { device.map(base, 2 * kGranule, one); }, "cuMemMap");
   expect_device_error([&] { device.map(base, kGranule, 999); }, "cuMemMap");
   expect_device_error([&] { device.map(base + 4 * kGranule, kGranule, one); }, "cuMemMap");
-  EXPECT_EQ(device.mapped_bytes(), 2 * kGranule);
-  EXPECT_FALSE(device.is_mapped(base));
+  EXPECT_EQ(device.memory().mapped_bytes(), 2 * kGranule);
+  EXPECT_FALSE(device.memory().is_mapped(base));
 
   // The same chunk may be mapped twice (CUDA allows aliases).
   device.map(base, kGranule, one);
   device.map(base + kGranule, kGranule, one);
-  EXPECT_EQ(device.chunk_at(base + kGranule), one);
-  EXPECT_EQ(device.mapped_bytes(), 4 * kGranule);
+  EXPECT_EQ(device.memory().chunk_at(base + kGranule), one);
+  EXPECT_EQ(device.memory().mapped_bytes(), 4 * kGranule);
 }
 
 TEST(SimDevice, UnmapsOnlyWholeMappings) {
@@ -99,15 +99,15 @@ TEST(SimDevice, UnmapsOnlyWholeMappings) {
   expect_device_error([&] { device.unmap(base, kGranule); }, "cuMemUnmap");  // half of big
   expect_device_error([&] { device.unmap(base + kGranule, 2 * kGranule); }, "cuMemUnmap");
   expect_device_error([&] { device.unmap(base, 4 * kGranule); }, "cuMemUnmap");  // past the end
-  EXPECT_EQ(device.mapped_bytes(), 3 * kGranule);
+  EXPECT_EQ(device.memory().mapped_bytes(), 3 * kGranule);
 
   device.unmap(base, 3 * kGranule);  // two whole mappings at once
-  EXPECT_EQ(device.mapped_bytes(), 0u);
-  EXPECT_FALSE(device.is_mapped(base + kGranule));
+  EXPECT_EQ(device.memory().mapped_bytes(), 0u);
+  EXPECT_FALSE(device.memory().is_mapped(base + kGranule));
   expect_device_error([&] { device.unmap(base, 2 * kGranule); }, "cuMemUnmap");
   device.release_chunk(big);
   device.release_chunk(small);
-  EXPECT_EQ(device.chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
 }
 
 TEST(SimDevice, RefusesToReleaseWhatIsStillMapped) {
@@ -124,7 +124,7 @@ TEST(SimDevice, RefusesToReleaseWhatIsStillMapped) {
   device.release_chunk(chunk);
   device.release_address(base, 4 * kGranule);
   expect_device_error([&] { device.release_chunk(chunk); }, "cuMemRelease");
-  EXPECT_EQ(device.reserved_address_bytes(), 0u);
+  EXPECT_EQ(device.memory().reserved_address_bytes(), 0u);
 }
 
 TEST(SimDevice, SetAccessNeedsMappedGranules) {
@@ -134,17 +134,17 @@ TEST(SimDevice, SetAccessNeedsMappedGranules) {
   const ChunkHandle b = device.create_chunk(kGranule);
   device.map(base, kGranule, a);
   device.map(base + kGranule, kGranule, b);
-  EXPECT_FALSE(device.is_accessible(base));
+  EXPECT_FALSE(device.memory().is_accessible(base));
   expect_device_error([&] { device.set_access(base + kGranule, 2 * kGranule); }, "cuMemSetAccess");
-  EXPECT_FALSE(device.is_accessible(base + kGranule));
+  EXPECT_FALSE(device.memory().is_accessible(base + kGranule));
   device.set_access(base, 2 * kGranule);  // spans two mappings
-  EXPECT_TRUE(device.is_accessible(base + 100));
-  EXPECT_TRUE(device.is_accessible(base + kGranule));
-  EXPECT_FALSE(device.is_accessible(base + 2 * kGranule));
+  EXPECT_TRUE(device.memory().is_accessible(base + 100));
+  EXPECT_TRUE(device.memory().is_accessible(base + kGranule));
+  EXPECT_FALSE(device.memory().is_accessible(base + 2 * kGranule));
   // A fresh mapping is not accessible until set_access again.
   device.unmap(base, kGranule);
   device.map(base, kGranule, a);
-  EXPECT_FALSE(device.is_accessible(base));
+  EXPECT_FALSE(device.memory().is_accessible(base));
 }
 
 // What the CUDA driver did on an H100 when one thread unmapped an alias of a chunk between
@@ -165,24 +165,24 @@ TEST(SimDevice, UnmappingAnAliasWhileAnotherAwaitsAccessBreaksTheChunk) {
   // Unmapping the alias that awaits access itself (a failed malloc's rollback) is safe too.
   device.unmap(base + 2 * kGranule, kGranule);
   device.map(base + 2 * kGranule, kGranule, safe);
-  EXPECT_EQ(device.unsafe_alias_unmaps(), 0u);
+  EXPECT_EQ(device.memory().unsafe_alias_unmaps(), 0u);
   // The unsafe order.
   device.map(base + 4 * kGranule, kGranule, broken);
   device.set_access(base + 4 * kGranule, kGranule);
   device.map(base + 5 * kGranule, kGranule, broken);
   device.unmap(base + 4 * kGranule, kGranule);
-  EXPECT_EQ(device.unsafe_alias_unmaps(), 1u);
+  EXPECT_EQ(device.memory().unsafe_alias_unmaps(), 1u);
   device.set_access(base + 5 * kGranule, kGranule);  // too late
   const DeviceError e =
       expect_device_error([&] { device.map(base + 6 * kGranule, kGranule, broken); }, "cuMemMap");
   EXPECT_EQ(e.result(), 999) << e.what();
-  EXPECT_FALSE(device.is_mapped(base + 6 * kGranule));
+  EXPECT_FALSE(device.memory().is_mapped(base + 6 * kGranule));
   // Other chunks map on, and the broken one can still be unmapped and released.
   device.map(base + 6 * kGranule, kGranule, device.create_chunk(kGranule));
   device.unmap(base + 5 * kGranule, kGranule);
   device.release_chunk(broken);
-  EXPECT_EQ(device.unsafe_alias_unmaps(), 1u);
-  EXPECT_EQ(device.chunk_at(base + 5 * kGranule), 0u);
+  EXPECT_EQ(device.memory().unsafe_alias_unmaps(), 1u);
+  EXPECT_EQ(device.memory().chunk_at(base + 5 * kGranule), 0u);
 }
 
 TEST(SimDevice, RunsOutOfMemoryAtCapacity) {
@@ -200,13 +200,13 @@ TEST(SimDevice, RunsOutOfMemoryAtCapacity) {
                                                 "cuMemCreate");
   EXPECT_TRUE(error.device_out_of_memory());
   EXPECT_EQ(error.result(), 2);
-  EXPECT_EQ(device.chunk_bytes(), 6 * kGranule);  // the failed call changed nothing
+  EXPECT_EQ(device.memory().chunk_bytes(), 6 * kGranule);  // the failed call changed nothing
 
   chunks.push_back(device.create_chunk(kGranule));  // exactly fills the device
   EXPECT_EQ(device.mem_info().free, 0u);
   device.release_chunk(chunks.front());
   EXPECT_EQ(device.mem_info().free, 2 * kGranule);
-  EXPECT_EQ(device.chunk_bytes(), 5 * kGranule);
+  EXPECT_EQ(device.memory().chunk_bytes(), 5 * kGranule);
   expect_device_error([&] { device.create_chunk(kGranule / 2); }, "cuMemCreate");
 }
 
@@ -227,31 +227,31 @@ TEST(SimDevice, CountsEveryCall) {
   device.wait_event(8, event);
   device.destroy_event(event);
 
-  EXPECT_EQ(device.calls(DeviceCall::reserve_address), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::create_chunk), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::map), 2u);
-  EXPECT_EQ(device.calls(DeviceCall::set_access), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::unmap), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::release_chunk), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::release_address), 0u);
-  EXPECT_EQ(device.calls(DeviceCall::mem_info), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::create_event), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::record_event), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::query_event), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::synchronize_event), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::wait_event), 1u);
-  EXPECT_EQ(device.calls(DeviceCall::destroy_event), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::reserve_address), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::create_chunk), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map), 2u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::set_access), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::unmap), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::release_chunk), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::release_address), 0u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::mem_info), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::create_event), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::record_event), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::query_event), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::synchronize_event), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), 1u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::destroy_event), 1u);
 
-  device.reset_call_counts();
+  device.ledger().reset_call_counts();
   for (int i = 0; i < static_cast<int>(DeviceCall::count_); ++i) {
-    EXPECT_EQ(device.calls(static_cast<DeviceCall>(i)), 0u) << i;
+    EXPECT_EQ(device.ledger().calls(static_cast<DeviceCall>(i)), 0u) << i;
   }
 }
 
 TEST(SimDevice, FailsTheNthCall) {
   SimulatedDevice device;
   const DevicePtr base = device.reserve_address(8 * kGranule, 0);
-  device.fail_call(DeviceCall::map, 3);
+  device.ledger().fail_call(DeviceCall::map, 3);
   std::vector<ChunkHandle> chunks;
   for (int i = 0; i < 5; ++i) chunks.push_back(device.create_chunk(kGranule));
   device.map(base, kGranule, chunks[0]);
@@ -260,24 +260,24 @@ TEST(SimDevice, FailsTheNthCall) {
       expect_device_error([&] { device.map(base + 2 * kGranule, kGranule, chunks[2]); }, "cuMemMap");
   EXPECT_EQ(error.result(), 999);
   EXPECT_FALSE(error.device_out_of_memory());
-  EXPECT_FALSE(device.is_mapped(base + 2 * kGranule));
+  EXPECT_FALSE(device.memory().is_mapped(base + 2 * kGranule));
   // Only once: the retry and later calls succeed.
   device.map(base + 2 * kGranule, kGranule, chunks[2]);
   device.map(base + 3 * kGranule, kGranule, chunks[3]);
-  EXPECT_EQ(device.calls(DeviceCall::map), 5u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map), 5u);
 
   // Out-of-memory flavour, counted from the call after fail_call.
-  device.fail_call(DeviceCall::create_chunk, 1, /*out_of_memory=*/true);
+  device.ledger().fail_call(DeviceCall::create_chunk, 1, /*out_of_memory=*/true);
   const DeviceError oom = expect_device_error([&] { device.create_chunk(kGranule); }, "cuMemCreate");
   EXPECT_TRUE(oom.device_out_of_memory());
   EXPECT_EQ(oom.result(), 2);
-  EXPECT_EQ(device.chunk_bytes(), 5 * kGranule);
+  EXPECT_EQ(device.memory().chunk_bytes(), 5 * kGranule);
 
   // nth = 0 cancels; other calls are unaffected by a failure set on one kind.
-  device.fail_call(DeviceCall::unmap, 1);
-  device.fail_call(DeviceCall::unmap, 0);
+  device.ledger().fail_call(DeviceCall::unmap, 1);
+  device.ledger().fail_call(DeviceCall::unmap, 0);
   device.unmap(base, kGranule);
-  device.fail_call(DeviceCall::release_chunk, 2);
+  device.ledger().fail_call(DeviceCall::release_chunk, 2);
   device.release_chunk(chunks[0]);
   expect_device_error([&] { device.release_chunk(chunks[4]); }, "cuMemRelease");
   device.release_chunk(chunks[4]);
@@ -287,12 +287,12 @@ TEST(SimDevice, PendingFailureSurvivesCountReset) {
   SimulatedDevice device;
   device.mem_info();
   device.mem_info();
-  device.fail_call(DeviceCall::mem_info, 2);
-  device.reset_call_counts();
+  device.ledger().fail_call(DeviceCall::mem_info, 2);
+  device.ledger().reset_call_counts();
   device.mem_info();
   expect_device_error([&] { device.mem_info(); }, "cuMemGetInfo");
   device.mem_info();
-  EXPECT_EQ(device.calls(DeviceCall::mem_info), 3u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::mem_info), 3u);
 }
 
 TEST(SimDevice, NamesCallsAfterCuda) {
@@ -320,7 +320,7 @@ TEST(SimDeviceThreads, ConcurrentCallsKeepBookkeepingExact) {
         device.map(mine, 2 * kGranule, chunk);
         device.set_access(mine, 2 * kGranule);
         const EventHandle event = device.create_event();
-        device.submit_work(static_cast<StreamId>(t + 1));
+        device.streams().submit_work(static_cast<StreamId>(t + 1));
         device.record_event(event, static_cast<StreamId>(t + 1));
         EXPECT_TRUE(device.query_event(event));
         device.destroy_event(event);
@@ -330,15 +330,15 @@ TEST(SimDeviceThreads, ConcurrentCallsKeepBookkeepingExact) {
     });
   }
   for (auto& thread : threads) thread.join();
-  EXPECT_EQ(device.calls(DeviceCall::map), std::uint64_t{kThreads * kRounds});
+  EXPECT_EQ(device.ledger().calls(DeviceCall::map), std::uint64_t{kThreads * kRounds});
   // Per round: create, map, set access, unmap and release one chunk of 2 granules (priced per
   // chunk and per further granule); four event calls.
   const double round_us = (15 + 0.04) + 2 + (38 + 0.04) + (22 + 0.01) + (16 + 0.76) + (1 + 1 + 0.5 + 1);
-  EXPECT_NEAR(device.modelled_call_us(), kThreads * kRounds * round_us, 1e-6);
-  EXPECT_EQ(device.calls(DeviceCall::release_chunk), std::uint64_t{kThreads * kRounds});
-  EXPECT_EQ(device.chunk_bytes(), 0u);
-  EXPECT_EQ(device.mapped_bytes(), 0u);
-  EXPECT_EQ(device.live_events(), 0u);
+  EXPECT_NEAR(device.ledger().modelled_call_us(), kThreads * kRounds * round_us, 1e-6);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::release_chunk), std::uint64_t{kThreads * kRounds});
+  EXPECT_EQ(device.memory().chunk_bytes(), 0u);
+  EXPECT_EQ(device.memory().mapped_bytes(), 0u);
+  EXPECT_EQ(device.streams().live_events(), 0u);
 }
 
 }  // namespace

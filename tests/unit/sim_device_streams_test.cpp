@@ -16,9 +16,9 @@ namespace {
 TEST(SimDevice, EventsCompleteAtOnceByDefault) {
   SimulatedDevice device;
   const EventHandle event = device.create_event();
-  device.submit_work(1);
+  device.streams().submit_work(1);
   device.record_event(event, 1);
-  device.submit_work(1);
+  device.streams().submit_work(1);
   EXPECT_TRUE(device.query_event(event));
 }
 
@@ -35,14 +35,14 @@ TEST(SimDevice, EventsWaitForWorkSubmittedBeforeThem) {
   device.record_event(idle, stream);  // nothing submitted yet
   EXPECT_TRUE(device.query_event(idle));
 
-  device.submit_work(stream);
+  device.streams().submit_work(stream);
   const EventHandle first = device.create_event();
   device.record_event(first, stream);
-  device.submit_work(stream);
+  device.streams().submit_work(stream);
   const EventHandle second = device.create_event();
   device.record_event(second, stream);
   const EventHandle elsewhere = device.create_event();
-  device.submit_work(other);
+  device.streams().submit_work(other);
   device.record_event(elsewhere, other);
   EXPECT_FALSE(device.query_event(first));
   EXPECT_FALSE(device.query_event(second));
@@ -53,17 +53,17 @@ TEST(SimDevice, EventsWaitForWorkSubmittedBeforeThem) {
   EXPECT_FALSE(device.query_event(second));
   EXPECT_FALSE(device.query_event(elsewhere));
 
-  device.complete_stream(stream);
+  device.streams().complete_stream(stream);
   EXPECT_TRUE(device.query_event(second));
   EXPECT_FALSE(device.query_event(elsewhere));
 
   // Re-recording moves the event to the stream's latest work.
-  device.submit_work(stream);
+  device.streams().submit_work(stream);
   device.record_event(first, stream);
   EXPECT_FALSE(device.query_event(first));
   EXPECT_TRUE(device.query_event(second));
 
-  device.complete_all_streams();
+  device.streams().complete_all_streams();
   EXPECT_TRUE(device.query_event(first));
   EXPECT_TRUE(device.query_event(elsewhere));
 }
@@ -79,33 +79,33 @@ TEST(SimDevice, AStreamMadeToWaitComesAfterTheEvent) {
   const EventHandle on_b = device.create_event();
   const EventHandle never_recorded = device.create_event();
   device.wait_event(b, never_recorded);  // no wait
-  EXPECT_FALSE(device.ordered_after(b, a, 1));
+  EXPECT_FALSE(device.streams().ordered_after(b, a, 1));
 
-  device.submit_work(a);
+  device.streams().submit_work(a);
   device.record_event(on_a, a);
-  EXPECT_FALSE(device.ordered_after(b, a, device.submitted(a)));
+  EXPECT_FALSE(device.streams().ordered_after(b, a, device.streams().submitted(a)));
   device.wait_event(b, on_a);
-  EXPECT_TRUE(device.ordered_after(b, a, 1));
-  EXPECT_FALSE(device.ordered_after(a, b, 1));  // not the other way
-  device.submit_work(a);
+  EXPECT_TRUE(device.streams().ordered_after(b, a, 1));
+  EXPECT_FALSE(device.streams().ordered_after(a, b, 1));  // not the other way
+  device.streams().submit_work(a);
   device.record_event(on_a, a);  // recorded again: b still waits for the first record only
-  EXPECT_FALSE(device.ordered_after(b, a, 2));
+  EXPECT_FALSE(device.streams().ordered_after(b, a, 2));
 
-  device.submit_work(b);
+  device.streams().submit_work(b);
   device.record_event(on_b, b);
   device.wait_event(c, on_b);  // c after b, and so after a's first kernel
-  EXPECT_TRUE(device.ordered_after(c, b, 1));
-  EXPECT_TRUE(device.ordered_after(c, a, 1));
-  EXPECT_FALSE(device.ordered_after(c, a, 2));
+  EXPECT_TRUE(device.streams().ordered_after(c, b, 1));
+  EXPECT_TRUE(device.streams().ordered_after(c, a, 1));
+  EXPECT_FALSE(device.streams().ordered_after(c, a, 2));
 
   // b's stream finishing means the work it waited for finished too (a's first kernel), not the
   // rest of a's.
   EXPECT_FALSE(device.query_event(on_b));
-  device.complete_stream(b);
+  device.streams().complete_stream(b);
   EXPECT_TRUE(device.query_event(on_b));
-  EXPECT_TRUE(device.ordered_after(a + 10, a, 1));  // done: any stream comes after it
+  EXPECT_TRUE(device.streams().ordered_after(a + 10, a, 1));  // done: any stream comes after it
   EXPECT_FALSE(device.query_event(on_a));
-  EXPECT_EQ(device.calls(DeviceCall::wait_event), 3u);
+  EXPECT_EQ(device.ledger().calls(DeviceCall::wait_event), 3u);
   EXPECT_THROW(device.wait_event(a, 12345), DeviceError);
 }
 
@@ -116,12 +116,12 @@ TEST(SimDeviceLag, AWaitingStreamsEventsCompleteNoEarlierThanTheEventWaitedFor) 
   const EventHandle slow = device.create_event();
   const EventHandle after = device.create_event();
   device.record_event(slow, 1);  // completes at 1000
-  device.set_lag(10);
+  device.streams().set_lag(10);
   device.wait_event(2, slow);
   device.record_event(after, 2);  // 10 behind the host, but after `slow`
-  device.set_host_time(500);
+  device.ledger().set_host_time(500);
   EXPECT_FALSE(device.query_event(after));
-  device.set_host_time(1000);
+  device.ledger().set_host_time(1000);
   EXPECT_TRUE(device.query_event(after));
 }
 
@@ -135,59 +135,59 @@ SimulatedDevice lagging_device(double lag_us) {
 
 TEST(SimDeviceLag, EventsCompleteLagAfterTheirRecord) {
   SimulatedDevice device = lagging_device(100);
-  EXPECT_EQ(device.lag(), 100.0);
-  device.set_host_time(1000);
+  EXPECT_EQ(device.streams().lag(), 100.0);
+  device.ledger().set_host_time(1000);
   const EventHandle event = device.create_event();
   EXPECT_TRUE(device.query_event(event));  // never recorded: complete, as with cuEventQuery
   device.record_event(event, 7);
   EXPECT_FALSE(device.query_event(event));
-  device.set_host_time(1099.5);
+  device.ledger().set_host_time(1099.5);
   EXPECT_FALSE(device.query_event(event));
-  device.set_host_time(1100);
+  device.ledger().set_host_time(1100);
   EXPECT_TRUE(device.query_event(event));
-  device.advance_host_time(5000);
+  device.ledger().advance_host_time(5000);
   EXPECT_TRUE(device.query_event(event));
   // Re-recording moves it to the host's present.
   device.record_event(event, 7);
   EXPECT_FALSE(device.query_event(event));
-  EXPECT_EQ(device.modelled_wait_us(), 0.0);  // queries never wait
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 0.0);  // queries never wait
 }
 
 TEST(SimDeviceLag, HostClockNeverRunsBackwards) {
   SimulatedDevice device = lagging_device(100);
   EXPECT_EQ(device.host_time(), 0.0);
-  device.set_host_time(250);
-  device.set_host_time(50);
+  device.ledger().set_host_time(250);
+  device.ledger().set_host_time(50);
   EXPECT_EQ(device.host_time(), 250.0);
-  device.advance_host_time(-10);
+  device.ledger().advance_host_time(-10);
   EXPECT_EQ(device.host_time(), 250.0);
-  device.advance_host_time(25.5);
+  device.ledger().advance_host_time(25.5);
   EXPECT_EQ(device.host_time(), 275.5);
 }
 
 TEST(SimDeviceLag, SynchronizeMovesTheHostClockAndCountsTheWait) {
   SimulatedDevice device = lagging_device(100);
-  device.set_host_time(1000);
+  device.ledger().set_host_time(1000);
   const EventHandle mine = device.create_event();
   const EventHandle other = device.create_event();
   device.record_event(mine, 1);
   device.record_event(other, 2);
-  device.set_host_time(1030);
+  device.ledger().set_host_time(1030);
   device.synchronize_event(mine);
   EXPECT_EQ(device.host_time(), 1100.0);
-  EXPECT_EQ(device.modelled_wait_us(), 70.0);
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 70.0);
   EXPECT_TRUE(device.query_event(mine));
   EXPECT_TRUE(device.query_event(other));  // the other stream ran on meanwhile
   // Waiting on a complete event (or one never recorded) costs nothing.
   device.synchronize_event(mine);
   device.synchronize_event(device.create_event());
   EXPECT_EQ(device.host_time(), 1100.0);
-  EXPECT_EQ(device.modelled_wait_us(), 70.0);
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 70.0);
   // Waits add up.
   device.record_event(mine, 1);
   device.synchronize_event(mine);
   EXPECT_EQ(device.host_time(), 1200.0);
-  EXPECT_EQ(device.modelled_wait_us(), 170.0);
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 170.0);
 }
 
 TEST(SimDeviceLag, StreamsCompleteInOrder) {
@@ -198,29 +198,29 @@ TEST(SimDeviceLag, StreamsCompleteInOrder) {
   const EventHandle elsewhere = device.create_event();
   device.record_event(early, stream);  // at 0: completes at 1000
   // The GPU catches up (a lighter phase): later events lag less, but not past earlier ones.
-  device.set_lag(10);
-  device.set_host_time(100);
+  device.streams().set_lag(10);
+  device.ledger().set_host_time(100);
   device.record_event(late, stream);      // 110, held back to 1000 by `early`
   device.record_event(elsewhere, other);  // 110: another stream is not held back
-  device.set_host_time(500);
+  device.ledger().set_host_time(500);
   EXPECT_TRUE(device.query_event(elsewhere));
   EXPECT_FALSE(device.query_event(early));
   EXPECT_FALSE(device.query_event(late));
   device.synchronize_event(late);
   EXPECT_EQ(device.host_time(), 1000.0);
   EXPECT_TRUE(device.query_event(early));
-  EXPECT_EQ(device.modelled_wait_us(), 500.0);
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 500.0);
 }
 
 TEST(SimDeviceLag, ZeroLagCompletesEventsWhenRecorded) {
   SimulatedDevice device = lagging_device(0);
-  device.set_host_time(1000);
+  device.ledger().set_host_time(1000);
   const EventHandle event = device.create_event();
   device.record_event(event, 3);
   EXPECT_TRUE(device.query_event(event));
   device.synchronize_event(event);
   EXPECT_EQ(device.host_time(), 1000.0);
-  EXPECT_EQ(device.modelled_wait_us(), 0.0);
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 0.0);
 }
 
 TEST(SimDeviceLag, CombinesWithWorkCompletedByHand) {
@@ -229,21 +229,21 @@ TEST(SimDeviceLag, CombinesWithWorkCompletedByHand) {
   options.lag_us = 100;
   SimulatedDevice device(options);
   const StreamId stream = 9;
-  device.submit_work(stream);
+  device.streams().submit_work(stream);
   const EventHandle event = device.create_event();
   device.record_event(event, stream);
-  device.set_host_time(200);
+  device.ledger().set_host_time(200);
   EXPECT_FALSE(device.query_event(event));  // its time has come, its work is not done
-  device.complete_stream(stream);
+  device.streams().complete_stream(stream);
   EXPECT_TRUE(device.query_event(event));
 
-  device.submit_work(stream);
+  device.streams().submit_work(stream);
   device.record_event(event, stream);  // at 200: completes at 300
-  device.complete_stream(stream);
+  device.streams().complete_stream(stream);
   EXPECT_FALSE(device.query_event(event));  // the work is done, its time has not come
   device.synchronize_event(event);
   EXPECT_EQ(device.host_time(), 300.0);
-  EXPECT_EQ(device.modelled_wait_us(), 100.0);
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 100.0);
 }
 
 TEST(SimDeviceLag, RejectsBadLags) {
@@ -252,7 +252,7 @@ TEST(SimDeviceLag, RejectsBadLags) {
     options.lag_us = bad;
     EXPECT_THROW(SimulatedDevice{options}, Error) << bad;
     SimulatedDevice device;
-    EXPECT_THROW(device.set_lag(bad), Error) << bad;
+    EXPECT_THROW(device.streams().set_lag(bad), Error) << bad;
   }
 }
 
@@ -283,15 +283,15 @@ TEST(SimDevicePrices, TableHasTheMeasuredPrices) {
 
 TEST(SimDevicePrices, CallsAccumulateTheirPrices) {
   SimulatedDevice device;
-  EXPECT_EQ(device.modelled_call_us(), 0.0);
+  EXPECT_EQ(device.ledger().modelled_call_us(), 0.0);
   const DevicePtr base = device.reserve_address(8 * kGranule, 0);
   device.mem_info();
-  EXPECT_EQ(device.modelled_call_us(), 0.0);  // not priced
+  EXPECT_EQ(device.ledger().modelled_call_us(), 0.0);  // not priced
 
   double expected = 0;
   auto expect_total = [&](double added, const char* what) {
     expected += added;
-    EXPECT_DOUBLE_EQ(device.modelled_call_us(), expected) << what;
+    EXPECT_DOUBLE_EQ(device.ledger().modelled_call_us(), expected) << what;
   };
   const ChunkHandle one = device.create_chunk(kGranule);
   expect_total(15, "cuMemCreate, one granule");
@@ -317,10 +317,10 @@ TEST(SimDevicePrices, CallsAccumulateTheirPrices) {
   device.synchronize_event(event);
   device.destroy_event(event);
   expect_total(1 + 1 + 0.5 + 0.5 + 1 + 1, "events");
-  EXPECT_EQ(device.modelled_wait_us(), 0.0);  // no lag: nothing to wait for
+  EXPECT_EQ(device.ledger().modelled_wait_us(), 0.0);  // no lag: nothing to wait for
 
-  device.reset_call_counts();  // the account follows the counts
-  EXPECT_EQ(device.modelled_call_us(), 0.0);
+  device.ledger().reset_call_counts();  // the account follows the counts
+  EXPECT_EQ(device.ledger().modelled_call_us(), 0.0);
 }
 
 TEST(SimDevice, TracksLiveEvents) {
@@ -328,9 +328,9 @@ TEST(SimDevice, TracksLiveEvents) {
   const EventHandle a = device.create_event();
   const EventHandle b = device.create_event();
   EXPECT_NE(a, b);
-  EXPECT_EQ(device.live_events(), 2u);
+  EXPECT_EQ(device.streams().live_events(), 2u);
   device.destroy_event(a);
-  EXPECT_EQ(device.live_events(), 1u);
+  EXPECT_EQ(device.streams().live_events(), 1u);
   expect_device_error([&] { device.destroy_event(a); }, "cuEventDestroy");
   expect_device_error([&] { device.record_event(a, 0); }, "cuEventRecord");
   expect_device_error([&] { device.query_event(a); }, "cuEventQuery");

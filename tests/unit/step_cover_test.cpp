@@ -106,7 +106,9 @@ TEST(StepCover, AStepThatRepeatsExactlyTakesItsOwnSizes) {
 }
 
 std::uint64_t device_calls(const SimulatedDevice& d) {
-  return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) + d.calls(DeviceCall::unmap);
+  const SimCallLedger& ledger = d.ledger();
+  return ledger.calls(DeviceCall::create_chunk) + ledger.calls(DeviceCall::map) +
+         ledger.calls(DeviceCall::unmap);
 }
 
 // FSDP2 in miniature, a length drawn per step: the root's all-gather on a stream of its own

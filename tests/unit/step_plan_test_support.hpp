@@ -50,7 +50,9 @@ struct Loop {
 };
 
 inline std::uint64_t device_calls(const SimulatedDevice& d) {
-  return d.calls(DeviceCall::create_chunk) + d.calls(DeviceCall::map) + d.calls(DeviceCall::unmap);
+  const SimCallLedger& ledger = d.ledger();
+  return ledger.calls(DeviceCall::create_chunk) + ledger.calls(DeviceCall::map) +
+         ledger.calls(DeviceCall::unmap);
 }
 
 // Five rounds of lengths 3, 7, 5 and 4, each a step(len) that returns its transient blocks: from

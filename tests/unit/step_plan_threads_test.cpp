@@ -183,7 +183,7 @@ TEST(StepPlanThreads, AMapAheadTheDeviceFailsIsRolledBack) {
   auto& [device, engine, weights, loop] = run;
   for (int round = 0; round < 4; ++round) {
     for (const std::size_t len : {3, 7, 5, 4}) {
-      if (round >= 1) device.fail_call(DeviceCall::map, 10);
+      if (round >= 1) device.ledger().fail_call(DeviceCall::map, 10);
       try {
         loop.step(len);
       } catch (const DeviceError&) {  // the step's blocks so far stay live (the engine owns them)
@@ -194,7 +194,7 @@ TEST(StepPlanThreads, AMapAheadTheDeviceFailsIsRolledBack) {
       engine.check_invariants();
     }
   }
-  device.fail_call(DeviceCall::map, 0);
+  device.ledger().fail_call(DeviceCall::map, 0);
   EXPECT_GT(engine.stats().num_maps_ahead, 0);
   (void)weights;
 }

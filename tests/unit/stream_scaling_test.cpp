@@ -73,10 +73,13 @@ TEST(StreamScaling, PolledStatsDoNotWalkStreams) {
   void* p = engine.malloc(4096, 999);
   engine.free(p);
   const std::int64_t before = g_allocations.load();
-  const std::uint64_t calls = device.calls(DeviceCall::map) + device.calls(DeviceCall::create_chunk);
+  const std::uint64_t calls =
+      device.ledger().calls(DeviceCall::map) + device.ledger().calls(DeviceCall::create_chunk);
   for (int i = 0; i < 1000; ++i) engine.free(engine.malloc(4096, 999));
   EXPECT_EQ(g_allocations.load(), before);
-  EXPECT_EQ(device.calls(DeviceCall::map) + device.calls(DeviceCall::create_chunk), calls);
+  EXPECT_EQ(
+      device.ledger().calls(DeviceCall::map) + device.ledger().calls(DeviceCall::create_chunk),
+      calls);
 }
 
 }  // namespace

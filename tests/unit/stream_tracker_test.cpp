@@ -21,7 +21,7 @@ struct Fixture {
   std::uint64_t frees(int n) {
     std::uint64_t first = 0;
     for (int i = 0; i < n; ++i) {
-      device.advance_host_time(kFreeGapUs);
+      device.ledger().advance_host_time(kFreeGapUs);
       const std::uint64_t seq = tracker.stamp(stream);
       if (i == 0) first = seq;
     }
@@ -61,13 +61,14 @@ TEST(StreamTracker, OnceWaitedForAWaitStopsAtTheFirstMarkAfterTheFree) {
 TEST(StreamTracker, MarkingStopsWhenNoWaitComesAndMarksStayBounded) {
   Fixture f;
   f.wait_us(f.frees(10));
-  const std::uint64_t records = f.device.calls(DeviceCall::record_event);
+  const std::uint64_t records = f.device.ledger().calls(DeviceCall::record_event);
   f.frees(static_cast<int>(StreamTracker::kMarkEvery * StreamTracker::kMarksWithoutWait));
-  const std::uint64_t while_marking = f.device.calls(DeviceCall::record_event) - records;
+  const std::uint64_t while_marking = f.device.ledger().calls(DeviceCall::record_event) - records;
   EXPECT_EQ(while_marking, StreamTracker::kMarksWithoutWait);  // then it stops
   f.frees(10 * static_cast<int>(StreamTracker::kMarkEvery));
-  EXPECT_EQ(f.device.calls(DeviceCall::record_event) - records, while_marking);  // settled: none
-  EXPECT_LE(f.device.calls(DeviceCall::create_event), StreamTracker::kMaxMarks + 1);
+  // Settled: none.
+  EXPECT_EQ(f.device.ledger().calls(DeviceCall::record_event) - records, while_marking);
+  EXPECT_LE(f.device.ledger().calls(DeviceCall::create_event), StreamTracker::kMaxMarks + 1);
 }
 
 }  // namespace
