@@ -96,7 +96,7 @@ TEST_F(LagTrace, HandoffsBetweenStreamsWaitForTheGpu) {
         "alloc,8388608,4194304,2,20,,\n"
         "free_completed,8388608,4194304,2,30,,\n"
         "alloc,12582912,4194304,1,5000,,\n");
-  const Trace t = read_trace(path_);
+  const Trace t = read_trace(path());
   ReplayOptions options;
   options.capacity = 4u << 20;  // room for one block: the other stream's pages must be reused
   options.lag_us = kLagUs;

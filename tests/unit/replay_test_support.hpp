@@ -5,11 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
-#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
-#include <unistd.h>
+#include "temp_files.hpp"
 
 namespace gmem::trace {
 
@@ -23,16 +23,15 @@ inline constexpr double kGpuLagUs = 2000;
 // A trace the test writes (a CSV of `rows` under the header line), removed after the test.
 class WrittenTrace : public ::testing::Test {
  protected:
-  void TearDown() override { std::filesystem::remove(path_); }
   const std::string& write(const std::string& rows) {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (std::filesystem::temp_directory_path() /
-             ("gmem_replay_test_" + std::string(test->name()) + "_" + std::to_string(::getpid()) + ".csv"))
-                .string();
-    std::ofstream(path_) << "action,addr,size,stream,time_us,user_frame,lib_frame\n" << rows;
-    return path_;
+    trace_.emplace("trace.csv");
+    std::ofstream(trace_->str()) << "action,addr,size,stream,time_us,user_frame,lib_frame\n" << rows;
+    return trace_->str();
   }
-  std::string path_;
+  const std::string& path() const { return trace_->str(); }
+
+ private:
+  std::optional<gmem::testing::TempPath> trace_;
 };
 
 }  // namespace gmem::trace

@@ -216,7 +216,7 @@ class BadTrace : public WrittenTrace {
 // and the block was live when it began (docs/wrapped-histories.md).
 TEST_F(BadTrace, FreeOfUnknownAddressIsABlockFromBeforeTheHistory) {
   write("alloc,4096,512,0,1,,\nfree_completed,4096,512,0,2,,\nfree_completed,8192,1024,0,3,,\n");
-  const Trace t = read_trace(path_);
+  const Trace t = read_trace(path());
   EXPECT_TRUE(t.window.mid_run);
   EXPECT_EQ(t.window.blocks_at_start, 1u);
   EXPECT_EQ(t.window.bytes_at_start, 1024u);
@@ -229,22 +229,22 @@ TEST_F(BadTrace, FreeOfUnknownAddressIsABlockFromBeforeTheHistory) {
 
 TEST_F(BadTrace, DoubleFree) {
   write("alloc,4096,512,0,1,,\nfree_completed,4096,512,0,2,,\nfree_completed,4096,512,0,3,,\n");
-  expect_error(path_, 4, "which is not live: line 3 freed it and nothing allocated it since (a double free)");
+  expect_error(path(), 4, "which is not live: line 3 freed it and nothing allocated it since (a double free)");
 }
 
 TEST_F(BadTrace, DoubleFreeOfABlockFromBeforeTheHistory) {
   write("free_completed,4096,512,0,1,,\nfree_completed,4096,512,0,2,,\n");
-  expect_error(path_, 3, "line 2 freed it");
+  expect_error(path(), 3, "line 2 freed it");
 }
 
 TEST_F(BadTrace, FreeOfUnknownSizeOfABlockFromBeforeTheHistory) {
   write("alloc,8192,512,0,1,,\nfree_completed,4096,0,0,2,,\n");
-  expect_error(path_, 3, "of size 0: the size of a block live before the history began cannot be known");
+  expect_error(path(), 3, "of size 0: the size of a block live before the history began cannot be known");
 }
 
 TEST_F(BadTrace, AllocOverALiveBlock) {
   write("alloc,4096,512,0,1,,\nalloc,4096,1024,0,2,,\n");
-  expect_error(path_, 3, "still live (allocated at line 2)");
+  expect_error(path(), 3, "still live (allocated at line 2)");
 }
 
 using SamePlace = WrittenTrace;
@@ -256,7 +256,7 @@ TEST_F(SamePlace, CountsBuffersMadeAnewWhereTheTracePutThemAndWhereGmemDid) {
   write("alloc,1073741824,4194304,0,1,,\nfree_completed,1073741824,4194304,0,2,,\n"
         "alloc,1073741824,4194304,0,3,,\nfree_completed,1073741824,4194304,0,4,,\n"
         "alloc,1342177280,4194304,0,5,,\nalloc,1073741824,4194304,0,6,,\n");
-  const ReplayResult r = replay(read_trace(path_));
+  const ReplayResult r = replay(read_trace(path()));
   ASSERT_FALSE(r.failed) << r.failure;
   EXPECT_EQ(r.same_place_recorded, 2u);
   EXPECT_EQ(r.same_place_kept, 1u);
@@ -265,7 +265,7 @@ TEST_F(SamePlace, CountsBuffersMadeAnewWhereTheTracePutThemAndWhereGmemDid) {
 TEST_F(BadTrace, RecordedReservedFollowsSegments) {
   write("segment_alloc,0,2097152,0,1,,\nalloc,0,1000,0,2,,\nsegment_alloc,4194304,4194304,0,3,,\n"
         "segment_free,0,2097152,0,4,,\nsegment_alloc,0,1048576,0,5,,\n");
-  const ReplayResult r = replay(read_trace(path_));
+  const ReplayResult r = replay(read_trace(path()));
   EXPECT_EQ(r.recorded_peak_reserved, 6u << 20);
   EXPECT_EQ(r.peak_allocated, 1024u);  // 1000 rounded up to 512 B
   EXPECT_EQ(r.live_at_end, 1u);
