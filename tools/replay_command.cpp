@@ -1,7 +1,12 @@
 // gmem replay: how much memory gmem needs for a real trace, next to what PyTorch's allocator took.
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -25,7 +30,7 @@ constexpr double kDefaultLagUs = 2000;
 const char kReplayUsage[] =
     "usage: gmem replay [--json] [--wide] [--explain] [--no-plan] [--steps] [--step-at FRAME]\n"
     "       [--capacity BYTES] [--lag US] [--page-size BYTES] [--passes N] [--empty-cache]\n"
-    "       [--strict-empty-cache] [--map-ahead]"
+    "       [--strict-empty-cache] [--map-ahead] [--malloc-log FILE]"
     GMEM_CLI_READ_LIMITS_SYNOPSIS
     "\n"
     "Replays each trace's alloc/free sequence through gmem on a simulated device and reports,\n"
@@ -86,6 +91,12 @@ const char kReplayUsage[] =
     "  --strict-empty-cache  the same, each call giving back everything (GMEM_EMPTY_CACHE=strict)\n"
     "  --page-size BYTES gmem's page (and chunk) size, a power of two from 2M to 1G (default 2M):\n"
     "                    larger pages cost fewer device calls and stitch more coarsely\n"
+    "  --malloc-log FILE write a CSV line per malloc replayed to FILE: the trace, pass, step\n"
+    "                    (1-based, as --steps counts them), the trace file's line, stream, size\n"
+    "                    and the address gmem gave it, and the device calls (creates, maps,\n"
+    "                    unmaps) and modelled microseconds (in calls, waiting for streams) it\n"
+    "                    made: which blocks, streams and steps remap? (the smallest-capacity\n"
+    "                    search is not logged; ns/op then counts the log's time too)\n"
     "  --map-ahead       map planned pages on the engine's thread, as on a GPU (off by default\n"
     "                    here, so that a replay repeats exactly; with it, the split between the\n"
     "                    thread's maps and the steps' own depends on thread timing)\n"
@@ -308,6 +319,54 @@ void print_steps(const std::string& trace, const std::vector<trace::StepFigures>
               n(by.calls[0]), n(by.steps[0]), n(by.calls[1]), n(by.steps[1]), n(by.calls[2]), n(by.steps[2]));
 }
 
+// `--malloc-log FILE`: a CSV line per malloc replayed (trace::MallocCost), under a header.
+class MallocLog {
+ public:
+  explicit MallocLog(std::string path) : path_(std::move(path)), file_(std::fopen(path_.c_str(), "w")) {
+    if (file_ == nullptr) fail();
+    std::fputs("trace,pass,step,line,stream,size,address,creates,maps,unmaps,call_us,wait_us\n", file_);
+  }
+  ~MallocLog() {
+    if (file_) std::fclose(file_);
+  }
+  MallocLog(const MallocLog&) = delete;
+  MallocLog& operator=(const MallocLog&) = delete;
+
+  std::function<void(const trace::MallocCost&)> writer(const std::string& trace) {
+    name_ = csv_field(trace);
+    return [this](const trace::MallocCost& m) {
+      std::fprintf(file_, "%s,%zu,%zu,%zu,%llu,%zu,0x%llx,%llu,%llu,%llu,%.1f,%.1f\n", name_.c_str(),
+                   m.pass + 1, m.step, m.line, static_cast<unsigned long long>(m.stream), m.size,
+                   static_cast<unsigned long long>(m.address), static_cast<unsigned long long>(m.creates),
+                   static_cast<unsigned long long>(m.maps), static_cast<unsigned long long>(m.unmaps),
+                   m.call_us, m.wait_us);
+    };
+  }
+  // Flushed and closed: a full disk or a write error is reported, not left as a short file.
+  void close() {
+    const bool failed = std::ferror(file_) != 0;
+    const bool closed = std::fclose(file_) == 0;
+    file_ = nullptr;
+    if (failed || !closed) fail();
+  }
+
+ private:
+  [[noreturn]] void fail() const {
+    throw std::runtime_error(path_ + ": cannot write the malloc log (--malloc-log): " + std::strerror(errno));
+  }
+  // A trace name as one CSV field: quoted where it holds a comma, a quote or a line break.
+  static std::string csv_field(const std::string& text) {
+    if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+    std::string quoted = "\"";
+    for (const char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return quoted + "\"";
+  }
+
+  std::string path_;
+  std::FILE* file_;
+  std::string name_;  // the trace being replayed, as a CSV field
+};
+
 }  // namespace
 
 int replay_command(const Args& args) {
@@ -319,6 +378,7 @@ int replay_command(const Args& args) {
   trace::ReadLimits limits;
   std::vector<std::string> files;
   std::string step_frame;  // --step-at
+  std::string malloc_log_path;  // --malloc-log
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (parse_read_limit(args, i, limits)) continue;
@@ -352,6 +412,8 @@ int replay_command(const Args& args) {
     } else if (a == "--passes") {
       options.passes = parse_count(a, option_value(args, i));
       if (options.passes > 1000) throw UsageError("--passes takes a count from 1 to 1000, not " + std::to_string(options.passes));
+    } else if (a == "--malloc-log") {
+      malloc_log_path = option_value(args, i);
     } else if (a == "--map-ahead") {
       options.engine.map_ahead = true;
     } else if (a == "--page-size") {
@@ -364,6 +426,8 @@ int replay_command(const Args& args) {
     }
   }
   if (files.empty()) throw UsageError("replay: no trace given: FILE..., or - for standard input (see gmem help replay)");
+  std::optional<MallocLog> malloc_log;
+  if (!malloc_log_path.empty()) malloc_log.emplace(malloc_log_path);
 
   // --wide: every figure, bytes and ratio; by default ratios only, to fit 100 columns (a table
   // wider than the terminal wraps into an unreadable one).
@@ -393,6 +457,7 @@ int replay_command(const Args& args) {
       if (options.step_ends.empty())
         throw UsageError("replay: " + t.path + ": no event's user frame names '" + step_frame + "' (--step-at)");
     }
+    if (malloc_log) options.on_malloc = malloc_log->writer(t.name);
     const trace::ReplayResult r = trace::replay(t, options);
     const std::uint64_t min_cap = trace::min_capacity(
         t, options.lag_us, std::size_t{2} << 20,
@@ -430,6 +495,7 @@ int replay_command(const Args& args) {
     std::printf("\n%s", kLegend);
     std::fputs(explain ? kExplain : wide ? "--explain: how each is measured\n" : kLegendMore, stdout);
   }
+  if (malloc_log) malloc_log->close();
   for (const auto& [name, steps] : per_step) print_steps(name, steps);
   for (const trace::ReplayResult& r : per_pass) print_passes(r.trace, r);
   return status;

@@ -180,7 +180,9 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
   DeviceCounts at_half{};
   std::size_t done = 0, pass = 0;
   std::size_t next_end = 0;  // into options.step_ends, when marking or recording them
-  const std::size_t ends = options.mark_steps || options.record_steps || options.empty_cache_each_step
+  const bool log_mallocs = static_cast<bool>(options.on_malloc);
+  const std::size_t ends = options.mark_steps || options.record_steps ||
+                                   options.empty_cache_each_step || log_mallocs
                                ? options.step_ends.size()
                                : 0;
   // The figures at `event`, device calls and time counted since `from` (which moves on to now).
@@ -245,7 +247,15 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
           if (op.host_advance_us > 0) device.ledger().advance_host_time(op.host_advance_us);
           if (op.malloc) {
             if (options.record_steps) step_requests = add_request(step_requests, op.size, op.stream);
+            const DeviceCounts before = log_mallocs ? DeviceCounts::of(device) : DeviceCounts{};
             void* const block = engine.malloc(op.size, op.stream);
+            if (log_mallocs) [[unlikely]] {
+              const DeviceCounts after = DeviceCounts::of(device);
+              options.on_malloc({pass, next_end + 1, trace.events[op.event].line, op.stream, op.size,
+                                 reinterpret_cast<DevicePtr>(block), after.creates - before.creates,
+                                 after.maps - before.maps, after.unmaps - before.unmaps,
+                                 after.call_us - before.call_us, after.wait_us - before.wait_us});
+            }
             blocks[op.slot] = block;
             placed[done] = block;
             if (op.same_place_as != Op::kNoOp) {

@@ -19,6 +19,20 @@
 
 namespace gmem::trace {
 
+// One malloc replayed and what it cost (ReplayOptions::on_malloc): where gmem put it, and the
+// device calls and stream waits made while it ran (modelled, as ReplayResult's figures are).
+struct MallocCost {
+  std::size_t pass = 0;      // 0-based (ReplayOptions::passes)
+  std::size_t step = 0;      // 1-based: the step ends (ReplayOptions::step_ends) before it, plus one
+  std::size_t line = 0;      // its event's line (or record) in the trace file
+  StreamId stream = 0;
+  std::size_t size = 0;      // requested
+  DevicePtr address = 0;     // where gmem put it
+  std::uint64_t creates = 0, maps = 0, unmaps = 0;
+  double call_us = 0;        // modelled host time in device calls
+  double wait_us = 0;        // modelled host time waiting for streams
+};
+
 struct ReplayOptions {
   std::size_t capacity = std::size_t{80} << 30;  // the simulated device's memory
   EngineOptions engine;                          // the engine's policy (cache_slack, ...)
@@ -44,6 +58,10 @@ struct ReplayOptions {
   // the next: a program whose phases come back (a model built again, a sweep in one process).
   // With more than one, the "late" figures are the last pass's (ReplayResult::per_pass).
   std::size_t passes = 1;
+  // Called after each malloc replayed, in every pass, with what it cost (`gmem replay
+  // --malloc-log`): which blocks made the device calls, on which stream, in which step. Unset,
+  // it costs the replay nothing; set, ReplayResult::ns_per_op counts its time too.
+  std::function<void(const MallocCost&)> on_malloc;
   // Called when the replay stops, the engine still holding the live blocks (for summaries), with
   // each live block's engine pointer and the index of the trace event that allocated it.
   std::function<void(const Engine& engine, const std::vector<std::pair<std::uint32_t, void*>>& live)>

@@ -229,6 +229,54 @@ TEST(Replay, StepEndsAfterAFrame) {
   EXPECT_TRUE(step_ends_after_frame(t, "").empty());
 }
 
+TEST(Replay, MallocLogAddsUpToTheStepsFigures) {
+  // `gmem replay --malloc-log`: a line per malloc, in order, with the step it falls in and the
+  // device calls it made. Logging changes nothing the replay does, and each step's lines add up
+  // to its device calls (moe's are all made by mallocs, none by frees or marks).
+  const Trace t = read_trace(data_file("moe.trace.csv.gz"));
+  ReplayOptions options;
+  options.lag_us = kGpuLagUs;
+  options.step_ends = step_ends_after_frame(t, "models.py:39");
+  ASSERT_GE(options.step_ends.size(), 10u);
+  options.mark_steps = true;
+  options.record_steps = true;
+  const ReplayResult plain = replay(t, options);
+  std::vector<MallocCost> log;
+  options.on_malloc = [&](const MallocCost& m) { log.push_back(m); };
+  const ReplayResult logged = replay(t, options);
+  ASSERT_FALSE(logged.failed) << logged.failure;
+  EXPECT_EQ(logged.peak_reserved, plain.peak_reserved);
+  EXPECT_EQ(logged.maps, plain.maps);
+  EXPECT_EQ(logged.unmaps, plain.unmaps);
+  ASSERT_EQ(log.size(), logged.mallocs);
+
+  const std::size_t steps = logged.per_step.size();
+  std::vector<std::uint64_t> calls(steps + 2, 0);
+  std::vector<double> us(steps + 2, 0);
+  std::size_t step = 1, line = 0;
+  for (const MallocCost& m : log) {
+    EXPECT_EQ(m.pass, 0u);
+    ASSERT_GE(m.step, step) << "steps run in order";
+    ASSERT_LE(m.step, steps + 1);
+    EXPECT_GT(m.line, line) << "lines run in order";
+    EXPECT_NE(m.address, 0u);
+    step = m.step;
+    line = m.line;
+    calls[m.step] += m.creates + m.maps + m.unmaps;
+    us[m.step] += m.call_us + m.wait_us;
+  }
+  std::uint64_t all = 0;
+  for (std::size_t s = 1; s <= steps; ++s) {
+    EXPECT_EQ(calls[s], logged.per_step[s - 1].device_calls) << "step " << s;
+    // The step's time also counts the event calls its frees make (record_stream, stream marks).
+    EXPECT_LE(us[s], logged.per_step[s - 1].device_us + 0.01) << "step " << s;
+    all += calls[s];
+  }
+  all += calls[steps + 1];  // after the last step end
+  EXPECT_EQ(all, logged.creates + logged.maps + logged.unmaps);
+  EXPECT_GT(all, 0u);
+}
+
 TEST(Replay, InvariantsHoldWithStepMarks) {
   // Plans followed, left and made again over two shuffled rounds, checked every ~20k operations.
   const ShuffledRounds r = shuffled_rounds(2, 3);
