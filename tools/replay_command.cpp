@@ -92,11 +92,12 @@ const char kReplayUsage[] =
     "  --page-size BYTES gmem's page (and chunk) size, a power of two from 2M to 1G (default 2M):\n"
     "                    larger pages cost fewer device calls and stitch more coarsely\n"
     "  --malloc-log FILE write a CSV line per malloc replayed to FILE: the trace, pass, step\n"
-    "                    (1-based, as --steps counts them), the trace file's line, stream, size\n"
-    "                    and the address gmem gave it, and the device calls (creates, maps,\n"
-    "                    unmaps) and modelled microseconds (in calls, waiting for streams) it\n"
-    "                    made: which blocks, streams and steps remap? (the smallest-capacity\n"
-    "                    search is not logged; ns/op then counts the log's time too)\n"
+    "                    (1-based, as --steps counts them), the trace file's line, the user\n"
+    "                    frame that allocated it, stream, size, the address gmem gave it, and\n"
+    "                    the device calls (creates, maps, unmaps) and modelled microseconds (in\n"
+    "                    calls, waiting for streams) it made: which lines, streams and steps\n"
+    "                    remap? (the smallest-capacity search is not logged; ns/op then counts\n"
+    "                    the log's time too)\n"
     "  --map-ahead       map planned pages on the engine's thread, as on a GPU (off by default\n"
     "                    here, so that a replay repeats exactly; with it, the split between the\n"
     "                    thread's maps and the steps' own depends on thread timing)\n"
@@ -324,7 +325,7 @@ class MallocLog {
  public:
   explicit MallocLog(std::string path) : path_(std::move(path)), file_(std::fopen(path_.c_str(), "w")) {
     if (file_ == nullptr) fail();
-    std::fputs("trace,pass,step,line,stream,size,address,creates,maps,unmaps,call_us,wait_us\n", file_);
+    std::fputs("trace,pass,step,line,frame,stream,size,address,creates,maps,unmaps,call_us,wait_us\n", file_);
   }
   ~MallocLog() {
     if (file_) std::fclose(file_);
@@ -335,8 +336,9 @@ class MallocLog {
   std::function<void(const trace::MallocCost&)> writer(const std::string& trace) {
     name_ = csv_field(trace);
     return [this](const trace::MallocCost& m) {
-      std::fprintf(file_, "%s,%zu,%zu,%zu,%llu,%zu,0x%llx,%llu,%llu,%llu,%.1f,%.1f\n", name_.c_str(),
-                   m.pass + 1, m.step, m.line, static_cast<unsigned long long>(m.stream), m.size,
+      const std::string frame = csv_field(std::string(m.frame));
+      std::fprintf(file_, "%s,%zu,%zu,%zu,%s,%llu,%zu,0x%llx,%llu,%llu,%llu,%.1f,%.1f\n", name_.c_str(),
+                   m.pass + 1, m.step, m.line, frame.c_str(), static_cast<unsigned long long>(m.stream), m.size,
                    static_cast<unsigned long long>(m.address), static_cast<unsigned long long>(m.creates),
                    static_cast<unsigned long long>(m.maps), static_cast<unsigned long long>(m.unmaps),
                    m.call_us, m.wait_us);
@@ -354,7 +356,7 @@ class MallocLog {
   [[noreturn]] void fail() const {
     throw std::runtime_error(path_ + ": cannot write the malloc log (--malloc-log): " + std::strerror(errno));
   }
-  // A trace name as one CSV field: quoted where it holds a comma, a quote or a line break.
+  // A trace's name or a frame as one CSV field: quoted where it holds a comma, a quote or a line break.
   static std::string csv_field(const std::string& text) {
     if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
     std::string quoted = "\"";

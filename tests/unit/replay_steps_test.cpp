@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -230,8 +232,8 @@ TEST(Replay, StepEndsAfterAFrame) {
 }
 
 TEST(Replay, MallocLogAddsUpToTheStepsFigures) {
-  // `gmem replay --malloc-log`: a line per malloc, in order, with the step it falls in and the
-  // device calls it made. Logging changes nothing the replay does, and each step's lines add up
+  // `gmem replay --malloc-log`: a line per malloc, in order, with the step it falls in, the
+  // frame that allocated it, and the device calls it made. Logging changes nothing the replay does, and each step's lines add up
   // to its device calls (moe's are all made by mallocs, none by frees or marks).
   const Trace t = read_trace(data_file("moe.trace.csv.gz"));
   ReplayOptions options;
@@ -249,6 +251,16 @@ TEST(Replay, MallocLogAddsUpToTheStepsFigures) {
   EXPECT_EQ(logged.maps, plain.maps);
   EXPECT_EQ(logged.unmaps, plain.unmaps);
   ASSERT_EQ(log.size(), logged.mallocs);
+
+  std::unordered_map<std::size_t, std::string_view> frame_at_line;  // the allocs' user frames
+  for (const Event& e : t.events)
+    if (e.action == Action::alloc) frame_at_line[e.line] = t.frames[e.user_frame];
+  std::size_t framed = 0;
+  for (const MallocCost& m : log) {
+    EXPECT_EQ(m.frame, frame_at_line.at(m.line)) << "line " << m.line;
+    framed += !m.frame.empty();
+  }
+  EXPECT_GT(framed, log.size() / 4);  // the backward's allocations have no Python frame
 
   const std::size_t steps = logged.per_step.size();
   std::vector<std::uint64_t> calls(steps + 2, 0);
