@@ -1,0 +1,66 @@
+"""Is memory from gmem as fast for kernels as memory from cudaMalloc? Times, in one process under
+ALLOC (gmem, the default, native, or expandable), kernels whose speed depends on how their memory
+is mapped rather than on what they compute:
+
+- copy: a streaming copy of a SIZE_GIB buffer (bandwidth);
+- gather: 64M float32 reads at random indices of that buffer (each read a different page, so
+  the GPU's TLB reach and page walks decide its speed).
+
+Each kernel REPS times after a warm-up; the median in ms, one JSON line (common.emit). Run
+several processes of each allocator, alternated: a process's physical memory is what it got.
+
+    ALLOC=gmem SIZE_GIB=8 python3 bench/torch/memory_speed.py [--out FILE]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+from profile_steps import enable_allocator
+
+allocator = os.environ.get("ALLOC", "gmem")
+if allocator == "expandable":
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+enable_allocator("gmem" if allocator == "gmem" else "native")
+import torch  # noqa: E402 (gmem.torch must be enabled first)
+
+from common import emit  # noqa: E402
+
+
+def timed(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    gib = float(os.environ.get("SIZE_GIB", "8"))
+    reps = int(os.environ.get("REPS", "20"))
+    n = int(gib * (1 << 30)) // 4
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.rand(n, device="cuda", generator=generator)
+    dst = torch.empty_like(src)
+    index = torch.randint(0, n, (64 << 20,), device="cuda", generator=generator)
+    out = torch.empty(64 << 20, device="cuda")
+    record = {
+        "kind": "memory_speed", "allocator": allocator, "gib": gib, "reps": reps,
+        "copy_ms": timed(lambda: dst.copy_(src), reps),
+        "gather_ms": timed(lambda: torch.index_select(src, 0, index, out=out), reps),
+        "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+    }
+    emit(record, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
