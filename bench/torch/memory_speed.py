@@ -4,7 +4,10 @@ is mapped rather than on what they compute:
 
 - copy: a streaming copy of a SIZE_GIB buffer (bandwidth);
 - gather: 64M float32 reads at random indices of that buffer (each read a different page, so
-  the GPU's TLB reach and page walks decide its speed).
+  the GPU's TLB reach and page walks decide its speed);
+- decode: a batch-1 pass through 32 bf16 weight matrices of 4096 x 11008 (86 MiB each,
+  allocated one by one as a model's are): a language model's decode step reads every weight
+  once, so its speed is the memory's bandwidth.
 
 Each kernel REPS times after a warm-up; the median in ms, one JSON line (common.emit). Run
 several processes of each allocator, alternated: a process's physical memory is what it got.
@@ -53,10 +56,19 @@ def main():
     dst = torch.empty_like(src)
     index = torch.randint(0, n, (64 << 20,), device="cuda", generator=generator)
     out = torch.empty(64 << 20, device="cuda")
+    weights = [torch.randn(11008, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
+                for _ in range(32)]
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
+
+    def decode():
+        for w in weights:
+            torch.nn.functional.linear(x, w)
+
     record = {
         "kind": "memory_speed", "allocator": allocator, "gib": gib, "reps": reps,
         "copy_ms": timed(lambda: dst.copy_(src), reps),
         "gather_ms": timed(lambda: torch.index_select(src, 0, index, out=out), reps),
+        "decode_ms": timed(decode, reps),
         "torch": torch.__version__, "device": torch.cuda.get_device_name(),
     }
     emit(record, args.out)
