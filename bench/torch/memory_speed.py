@@ -2,7 +2,8 @@
 ALLOC (gmem, the default, native, or expandable), kernels whose speed depends on how their memory
 is mapped rather than on what they compute:
 
-- copy: a streaming copy of a SIZE_GIB buffer (bandwidth);
+- copy: a streaming copy of a SIZE_GIB buffer into another (bandwidth, reads and writes);
+- fill, sum: writing that buffer, reading it (bandwidth, one way);
 - gather: 64M float32 reads at random indices of that buffer (each read a different page, so
   the GPU's TLB reach and page walks decide its speed);
 - decode: a batch-1 pass through 32 bf16 weight matrices of 4096 x 11008 (86 MiB each,
@@ -67,6 +68,8 @@ def main():
     record = {
         "kind": "memory_speed", "allocator": allocator, "gib": gib, "reps": reps,
         "copy_ms": timed(lambda: dst.copy_(src), reps),
+        "fill_ms": timed(lambda: dst.fill_(1.0), reps),
+        "sum_ms": timed(lambda: src.sum(), reps),
         "gather_ms": timed(lambda: torch.index_select(src, 0, index, out=out), reps),
         "decode_ms": timed(decode, reps),
         "torch": torch.__version__, "device": torch.cuda.get_device_name(),
