@@ -3,6 +3,8 @@ ALLOC (gmem, the default, native, or expandable), kernels whose speed depends on
 is mapped rather than on what they compute:
 
 - copy: a streaming copy of a SIZE_GIB buffer into another (bandwidth, reads and writes);
+- copy_shifted: the same copy, its source read 1 MiB further on (source and target bytes at
+  different offsets within their 2 MiB pages);
 - fill, sum: writing that buffer, reading it (bandwidth, one way);
 - gather: 64M float32 reads at random indices of that buffer (each read a different page, so
   the GPU's TLB reach and page walks decide its speed);
@@ -57,6 +59,7 @@ def main():
     dst = torch.empty_like(src)
     index = torch.randint(0, n, (64 << 20,), device="cuda", generator=generator)
     out = torch.empty(64 << 20, device="cuda")
+    shift = (1 << 20) // 4
     weights = [torch.randn(11008, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
                 for _ in range(32)]
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
@@ -68,6 +71,7 @@ def main():
     record = {
         "kind": "memory_speed", "allocator": allocator, "gib": gib, "reps": reps,
         "copy_ms": timed(lambda: dst.copy_(src), reps),
+        "copy_shifted_ms": timed(lambda: dst[: n - shift].copy_(src[shift:]), reps),
         "fill_ms": timed(lambda: dst.fill_(1.0), reps),
         "sum_ms": timed(lambda: src.sum(), reps),
         "gather_ms": timed(lambda: torch.index_select(src, 0, index, out=out), reps),
