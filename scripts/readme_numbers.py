@@ -32,11 +32,12 @@ SOURCES = {
     # ... and as README's first command prints it (100 columns and the legend).
     "replay_default": "bench/results/2026-11-28-vm-replay-default.txt",
     # The latest scripts/gpu-check on an H200: .json for the numbers, .txt for the printed table.
-    "gpu_json": "bench/results/2026-11-28-nvidia-h200-engine-v3.json",
-    "gpu_txt": "bench/results/2026-11-28-nvidia-h200-engine-v3.txt",
-    # train_bench.py's Llama under native and gmem alternated on the same GPU right after that
-    # gpu-check (None: none was run); its totals are quoted under the table.
-    "llama_ab": "bench/results/2026-11-28-nvidia-h200-engine-v3-llama-ab.jsonl",
+    "gpu_json": "bench/results/2026-11-29-nvidia-h200-session36.json",
+    "gpu_txt": "bench/results/2026-11-29-nvidia-h200-session36.txt",
+    # train_bench.py's runs under native and gmem alternated on the same GPU right after that
+    # gpu-check (None: none were run), one process each: quoted under the table, model by model
+    # (median steps; Llama's timed totals), gmem at its default page size.
+    "ab": "bench/results/2026-11-29-nvidia-h200-session36-ab.jsonl",
     # An OOM report as the current build prints it (the leak under a cap, on the simulated device).
     "oom": "bench/results/2026-11-28-vm-oom-report.txt",
     # gmem.fit_batch_size on an H200: the table of bench/torch/fit_suite.sh, and what the fit and
@@ -166,15 +167,24 @@ def block_train(doc):
     out.append("Median step (Llama: the 10 timed steps in all) and peak reserved over peak allocated, "
                "%s, torch %s, %s, `scripts/gpu-check` at %s (%s)." % (
                    d["device"], d["torch"], d["date"], commit, link(SOURCES["gpu_txt"], doc)))
-    if SOURCES.get("llama_ab"):
-        runs = [json.loads(l) for l in read(SOURCES["llama_ab"]).splitlines() if l.strip()]
-        totals = {a: [r["total_ms"] / 1000 for r in runs if r["allocator"] == a] for a in ("native", "gmem")}
+    if SOURCES.get("ab"):
+        runs = [json.loads(l) for l in read(SOURCES["ab"]).splitlines() if l.startswith("{")]
+        runs = [r for r in runs if r["allocator"] == "native" or r.get("page_size") in (None, 2 << 20)]
+        parts = []
+        for label, model, capped in MODELS:
+            of = [r for r in runs if r["model"] == model and bool(r.get("cap_ratio")) == capped]
+            if capped or not of:
+                continue
+            key, unit, scale = ("total_ms", "s", 1000) if model == "llama" else ("median_ms", "ms", 1)
+            times = {a: [r[key] / scale for r in of if r["allocator"] == a] for a in ("native", "gmem")}
+            fmt = "%.2f" if unit == "s" else "%.1f"
+            parts.append("%s: native %s %s, gmem %s %s (gmem / native %.3f in all)" % (
+                label.split(" training")[0], ", ".join(fmt % t for t in times["native"]), unit,
+                ", ".join(fmt % t for t in times["gmem"]), unit,
+                sum(times["gmem"]) / sum(times["native"])))
         out.append("")
-        out.append("Llama again, native and gmem alternated %d times on the same GPU right after: "
-                   "native %s s, gmem %s s (gmem / native %.3f in all; %s)." % (
-                       len(totals["gmem"]), ", ".join("%.2f" % t for t in totals["native"]),
-                       ", ".join("%.2f" % t for t in totals["gmem"]),
-                       sum(totals["gmem"]) / sum(totals["native"]), link(SOURCES["llama_ab"], doc)))
+        out.append("Alternated on the same GPU right after, one process each (%s): %s." % (
+            link(SOURCES["ab"], doc), "; ".join(parts)))
     return "\n".join(out)
 
 

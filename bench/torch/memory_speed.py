@@ -6,6 +6,7 @@ is mapped rather than on what they compute:
 - copy_shifted: the same copy, its source read 1 MiB further on (source and target bytes at
   different offsets within their 2 MiB pages);
 - fill, sum: writing that buffer, reading it (bandwidth, one way);
+- scale: multiplying it in place (each byte read, then written where it was);
 - gather: 64M float32 reads at random indices of that buffer (each read a different page, so
   the GPU's TLB reach and page walks decide its speed);
 - decode: a batch-1 pass through 32 bf16 weight matrices of 4096 x 11008 (86 MiB each,
@@ -70,10 +71,12 @@ def main():
 
     record = {
         "kind": "memory_speed", "allocator": allocator, "gib": gib, "reps": reps,
+        "page_size": os.environ.get("GMEM_PAGE_SIZE") or "2M" if allocator == "gmem" else None,
         "copy_ms": timed(lambda: dst.copy_(src), reps),
         "copy_shifted_ms": timed(lambda: dst[: n - shift].copy_(src[shift:]), reps),
         "fill_ms": timed(lambda: dst.fill_(1.0), reps),
         "sum_ms": timed(lambda: src.sum(), reps),
+        "scale_ms": timed(lambda: dst.mul_(1.0), reps),
         "gather_ms": timed(lambda: torch.index_select(src, 0, index, out=out), reps),
         "decode_ms": timed(decode, reps),
         "torch": torch.__version__, "device": torch.cuda.get_device_name(),
