@@ -8,7 +8,8 @@
 //   2M paired    2 MiB chunks created A0, B0, A1, B1, ...
 //   2M shuffled  2 MiB chunks created in one pool, then handed out in a shuffled order
 //   32M in order 32 MiB chunks, A's then B's
-// each mapped in address order and made readable and writable, then the copy's median over 20.
+// and the 2 MiB and 32 MiB cases again with the chunks GPUDirect RDMA capable (gmem's CudaDevice
+// asks for that wherever the device supports it with VMM), each mapped in address order and made readable and writable, then the copy's median over 20.
 // Build and run on a GPU machine:
 //   nvcc -O2 -o chunk_copy_speed gpu/chunk_copy_speed.cu -lcuda && ./chunk_copy_speed
 #include <cuda.h>
@@ -68,8 +69,9 @@ struct Mapped {
 // Two ranges of kBytes, each mapped from `chunk`-sized allocations; `order(i)` says which
 // allocation (0 .. 2 * count - 1, in creation order) backs piece i of A (i < count) or of B.
 template <class Order>
-Mapped build(size_t chunk, Order order) {
+Mapped build(size_t chunk, Order order, bool rdma) {
   CUmemAllocationProp prop = {};
+  prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = 0;
@@ -119,6 +121,7 @@ int main() {
     const char* name;
     size_t chunk;
     std::function<size_t(size_t)> order;
+    bool rdma = false;
   };
   for (int round = 0; round < 2; ++round) {
     const Case cases[] = {
@@ -126,9 +129,11 @@ int main() {
         {"2M paired   ", small, [count](size_t i) { return i < count ? 2 * i : 2 * (i - count) + 1; }},
         {"2M shuffled ", small, [&shuffled](size_t i) { return shuffled[i]; }},
         {"32M in order", size_t{32} << 20, [](size_t i) { return i; }},
+        {"2M rdma     ", small, [](size_t i) { return i; }, true},
+        {"32M rdma    ", size_t{32} << 20, [](size_t i) { return i; }, true},
     };
     for (const Case& c : cases) {
-      Mapped m = build(c.chunk, c.order);
+      Mapped m = build(c.chunk, c.order, c.rdma);
       std::printf("%s  %.3f ms\n", c.name, time_copy(m.a, m.b));
       release(m);
     }
