@@ -10,8 +10,12 @@
 //   32M in order 32 MiB chunks, A's then B's
 // and the 2 MiB and 32 MiB cases again with the chunks GPUDirect RDMA capable (gmem's CudaDevice
 // asks for that wherever the device supports it with VMM), each mapped in address order and made readable and writable, then the copy's median over 20.
+// Also, with both ranges in one reservation as large as the device (as gmem's arenas are), B
+// below A or after it; and, built with -DWITH_GMEM, two blocks from gmem_malloc.
 // Build and run on a GPU machine:
 //   nvcc -O2 -o chunk_copy_speed gpu/chunk_copy_speed.cu -lcuda && ./chunk_copy_speed
+//   nvcc -O2 -DWITH_GMEM -Iinclude -o chunk_copy_speed gpu/chunk_copy_speed.cu -lcuda \
+//     -Lbuild-gpu -lgmem -Wl,-rpath,$PWD/build-gpu && ./chunk_copy_speed
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +25,10 @@
 #include <cstdio>
 #include <random>
 #include <vector>
+
+#ifdef WITH_GMEM
+#include "gmem/gmem.h"
+#endif
 
 #define CK(x)                                                                                    \
   do {                                                                                           \
@@ -63,13 +71,15 @@ float time_copy(CUdeviceptr a, CUdeviceptr b) {
 
 struct Mapped {
   CUdeviceptr a = 0, b = 0;
+  CUdeviceptr base = 0;  // one reservation for both (arena), of `whole` bytes
+  size_t whole = 0;
   std::vector<CUmemGenericAllocationHandle> handles;
 };
 
 // Two ranges of kBytes, each mapped from `chunk`-sized allocations; `order(i)` says which
 // allocation (0 .. 2 * count - 1, in creation order) backs piece i of A (i < count) or of B.
 template <class Order>
-Mapped build(size_t chunk, Order order, bool rdma) {
+Mapped build(size_t chunk, Order order, bool rdma, int arena = 0) {
   CUmemAllocationProp prop = {};
   prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -82,8 +92,17 @@ Mapped build(size_t chunk, Order order, bool rdma) {
   Mapped m;
   m.handles.resize(2 * count);
   for (auto& h : m.handles) CK(cuMemCreate(&h, chunk, &prop, 0));
-  CK(cuMemAddressReserve(&m.a, kBytes, 0, 0, 0));
-  CK(cuMemAddressReserve(&m.b, kBytes, 0, 0, 0));
+  if (arena == 0) {
+    CK(cuMemAddressReserve(&m.a, kBytes, 0, 0, 0));
+    CK(cuMemAddressReserve(&m.b, kBytes, 0, 0, 0));
+  } else {
+    size_t total = 0, free = 0;
+    cuMemGetInfo(&free, &total);
+    m.whole = (total + chunk - 1) / chunk * chunk;
+    CK(cuMemAddressReserve(&m.base, m.whole, chunk, 0, 0));
+    m.a = arena == 1 ? m.base + m.whole - kBytes : m.base;
+    m.b = arena == 1 ? m.a - kBytes : m.a + kBytes;
+  }
   for (size_t i = 0; i < 2 * count; ++i) {
     const CUdeviceptr at = (i < count ? m.a : m.b) + (i % count) * chunk;
     CK(cuMemMap(at, chunk, 0, m.handles[order(i)], 0));
@@ -96,8 +115,12 @@ Mapped build(size_t chunk, Order order, bool rdma) {
 void release(Mapped& m) {
   CK(cuMemUnmap(m.a, kBytes));
   CK(cuMemUnmap(m.b, kBytes));
-  CK(cuMemAddressFree(m.a, kBytes));
-  CK(cuMemAddressFree(m.b, kBytes));
+  if (m.whole) {
+    CK(cuMemAddressFree(m.base, m.whole));
+  } else {
+    CK(cuMemAddressFree(m.a, kBytes));
+    CK(cuMemAddressFree(m.b, kBytes));
+  }
   for (auto h : m.handles) CK(cuMemRelease(h));
 }
 
@@ -122,6 +145,7 @@ int main() {
     size_t chunk;
     std::function<size_t(size_t)> order;
     bool rdma = false;
+    int arena = 0;
   };
   for (int round = 0; round < 2; ++round) {
     const Case cases[] = {
@@ -131,12 +155,28 @@ int main() {
         {"32M in order", size_t{32} << 20, [](size_t i) { return i; }},
         {"2M rdma     ", small, [](size_t i) { return i; }, true},
         {"32M rdma    ", size_t{32} << 20, [](size_t i) { return i; }, true},
+        {"2M arena, B below A", small, [](size_t i) { return i; }, false, 1},
+        {"2M arena, B after A", small, [](size_t i) { return i; }, false, 2},
+        {"32M arena, B below A", size_t{32} << 20, [](size_t i) { return i; }, false, 1},
     };
     for (const Case& c : cases) {
-      Mapped m = build(c.chunk, c.order, c.rdma);
+      Mapped m = build(c.chunk, c.order, c.rdma, c.arena);
       std::printf("%s  %.3f ms\n", c.name, time_copy(m.a, m.b));
       release(m);
     }
   }
+#ifdef WITH_GMEM
+  for (int round = 0; round < 2; ++round) {
+    void *a = nullptr, *b = nullptr;
+    if (gmem_malloc(&a, kBytes, 0, 0) != 0 || gmem_malloc(&b, kBytes, 0, 0) != 0) {
+      std::printf("gmem_malloc failed\n");
+      return 1;
+    }
+    std::printf("gmem (A %p, B %p)  %.3f ms\n", a, b,
+                time_copy(reinterpret_cast<CUdeviceptr>(a), reinterpret_cast<CUdeviceptr>(b)));
+    gmem_free(a);
+    gmem_free(b);
+  }
+#endif
   return 0;
 }
