@@ -15,7 +15,7 @@
 // Build and run on a GPU machine:
 //   nvcc -O2 -o chunk_copy_speed gpu/chunk_copy_speed.cu -lcuda && ./chunk_copy_speed
 //   nvcc -O2 -DWITH_GMEM -Iinclude -o chunk_copy_speed gpu/chunk_copy_speed.cu -lcuda \
-//     -Lbuild-gpu -lgmem -Wl,-rpath,$PWD/build-gpu && ./chunk_copy_speed
+//     -Lbuild-gpu -lgmem && LD_LIBRARY_PATH=build-gpu ./chunk_copy_speed
 #include <cuda.h>
 #include <cuda_runtime.h>
 
