@@ -10,7 +10,7 @@
 //   32M in order 32 MiB chunks, A's then B's
 // and the 2 MiB and 32 MiB cases again with the chunks GPUDirect RDMA capable (gmem's CudaDevice
 // asks for that wherever the device supports it with VMM), each mapped in address order and made readable and writable, then the copy's median over 20.
-// Also, with both ranges in one reservation as large as the device (as gmem's arenas are), B
+// Each copy is timed as a kernel and as cudaMemcpyAsync. Also, with both ranges in one reservation as large as the device (as gmem's arenas are), B
 // below A or after it; and, built with -DWITH_GMEM, two blocks from gmem_malloc.
 // Build and run on a GPU machine:
 //   nvcc -O2 -o chunk_copy_speed gpu/chunk_copy_speed.cu -lcuda && ./chunk_copy_speed
@@ -48,7 +48,9 @@ __global__ void copy(const float4* __restrict__ in, float4* __restrict__ out, si
     out[i] = in[i];
 }
 
-float time_copy(CUdeviceptr a, CUdeviceptr b) {
+// The copy as a kernel (`memcpy` false) or as cudaMemcpyAsync device to device, which
+// PyTorch's copy_ of a contiguous tensor into one of the same type makes.
+float time_copy(CUdeviceptr a, CUdeviceptr b, bool memcpy = false) {
   const size_t n = kBytes / sizeof(float4);
   cudaEvent_t start, end;
   cudaEventCreate(&start);
@@ -56,7 +58,11 @@ float time_copy(CUdeviceptr a, CUdeviceptr b) {
   std::vector<float> ms;
   for (int rep = 0; rep < 21; ++rep) {
     cudaEventRecord(start);
-    copy<<<132 * 16, 256>>>(reinterpret_cast<const float4*>(a), reinterpret_cast<float4*>(b), n);
+    if (memcpy)
+      cudaMemcpyAsync(reinterpret_cast<void*>(b), reinterpret_cast<const void*>(a), kBytes,
+                      cudaMemcpyDeviceToDevice);
+    else
+      copy<<<132 * 16, 256>>>(reinterpret_cast<const float4*>(a), reinterpret_cast<float4*>(b), n);
     cudaEventRecord(end);
     cudaEventSynchronize(end);
     float t = 0;
@@ -132,7 +138,9 @@ int main() {
     cudaMalloc(&a, kBytes);
     cudaMalloc(&b, kBytes);
     cudaMemset(a, 0, kBytes);
-    std::printf("malloc        %.3f ms\n", time_copy(reinterpret_cast<CUdeviceptr>(a), reinterpret_cast<CUdeviceptr>(b)));
+    const CUdeviceptr da = reinterpret_cast<CUdeviceptr>(a), db = reinterpret_cast<CUdeviceptr>(b);
+    std::printf("malloc        kernel %.3f ms, cudaMemcpyAsync %.3f ms\n", time_copy(da, db),
+                time_copy(da, db, true));
     cudaFree(a);
     cudaFree(b);
   }
@@ -161,7 +169,8 @@ int main() {
     };
     for (const Case& c : cases) {
       Mapped m = build(c.chunk, c.order, c.rdma, c.arena);
-      std::printf("%s  %.3f ms\n", c.name, time_copy(m.a, m.b));
+      std::printf("%s  kernel %.3f ms, cudaMemcpyAsync %.3f ms\n", c.name, time_copy(m.a, m.b),
+                  time_copy(m.a, m.b, true));
       release(m);
     }
   }
@@ -172,8 +181,9 @@ int main() {
       std::printf("gmem_malloc failed\n");
       return 1;
     }
-    std::printf("gmem (A %p, B %p)  %.3f ms\n", a, b,
-                time_copy(reinterpret_cast<CUdeviceptr>(a), reinterpret_cast<CUdeviceptr>(b)));
+    const CUdeviceptr da = reinterpret_cast<CUdeviceptr>(a), db = reinterpret_cast<CUdeviceptr>(b);
+    std::printf("gmem (A %p, B %p)  kernel %.3f ms, cudaMemcpyAsync %.3f ms\n", a, b,
+                time_copy(da, db), time_copy(da, db, true));
     gmem_free(a);
     gmem_free(b);
   }
