@@ -3,12 +3,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "device/cuda_copy.hpp"
 #include "gmem/gmem.h"
 #include "gpu/gpu_kernels.cuh"
 
@@ -40,47 +38,6 @@ TEST_F(GpuCApi, MallocReturnsDeviceMemoryThatHoldsData) {
   for (unsigned char byte : host) ASSERT_EQ(byte, 0xAB);
   ASSERT_EQ(gmem_free(ptr), GMEM_OK) << gmem_last_error();
   EXPECT_EQ(gmem_free(ptr), GMEM_ERROR_DOUBLE_FREE);
-}
-
-TEST_F(GpuCApi, CopyAsyncCopiesEveryByteWhateverTheAlignment) {
-  // gmem_copy_async by gmem's kernel (its PTX loads on this driver): 16-byte words where both
-  // ends are aligned, 4-byte words, or bytes, and a tail; the bytes around the target untouched;
-  // on a stream of the caller's, between two gmem blocks of several 2 MiB chunks each.
-  if (std::getenv("GMEM_COPY_KERNEL") == nullptr) EXPECT_TRUE(gmem::cuda::copy_kernel_loaded());
-  const std::size_t room = 64 * kMiB + 64;
-  void* src = nullptr;
-  void* dst = nullptr;
-  ASSERT_EQ(gmem_malloc(&src, room, -1, 0), GMEM_OK) << gmem_last_error();
-  ASSERT_EQ(gmem_malloc(&dst, room, -1, 0), GMEM_OK) << gmem_last_error();
-  std::vector<unsigned char> pattern(room), back(room);
-  for (std::size_t i = 0; i < room; ++i) pattern[i] = static_cast<unsigned char>(i * 7 + i / 251);
-  GPU_CHECK(cudaMemcpy(src, pattern.data(), room, cudaMemcpyHostToDevice));
-  cudaStream_t stream = nullptr;
-  GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct Case {
-    std::size_t bytes, to, from;
-  };
-  const Case cases[] = {{1, 0, 0},        {15, 0, 0},          {16, 0, 0},      {17, 16, 32},
-                        {4095, 4, 8},     {4096, 1, 0},        {1000, 3, 7},    {2 * kMiB + 3, 16, 0},
-                        {64 * kMiB, 0, 0}, {64 * kMiB + 5, 32, 48}, {5 * kMiB, 2, 2}};
-  for (const Case& c : cases) {
-    GPU_CHECK(cudaMemset(dst, 0xEE, room));
-    auto* to = static_cast<unsigned char*>(dst) + c.to;
-    const auto* from = static_cast<const unsigned char*>(src) + c.from;
-    ASSERT_EQ(gmem_copy_async(to, from, c.bytes, reinterpret_cast<std::uintptr_t>(stream)), GMEM_OK)
-        << gmem_last_error();
-    GPU_CHECK(cudaStreamSynchronize(stream));
-    GPU_CHECK(cudaMemcpy(back.data(), dst, room, cudaMemcpyDeviceToHost));
-    for (std::size_t i = 0; i < room; ++i) {
-      const bool copied = i >= c.to && i < c.to + c.bytes;
-      const unsigned char want = copied ? pattern[c.from + (i - c.to)] : 0xEE;
-      ASSERT_EQ(back[i], want) << c.bytes << " bytes from +" << c.from << " to +" << c.to
-                               << ": byte " << i;
-    }
-  }
-  GPU_CHECK(cudaStreamDestroy(stream));
-  ASSERT_EQ(gmem_free(src), GMEM_OK);
-  ASSERT_EQ(gmem_free(dst), GMEM_OK);
 }
 
 TEST_F(GpuCApi, ForeignPointerIsRejected) {

@@ -35,15 +35,6 @@ gmem_status_t gmem_malloc(void** ptr, size_t size, int device, uintptr_t stream)
 gmem_status_t gmem_free(void* ptr);
 gmem_status_t gmem_record_stream(void* ptr, uintptr_t stream);
 
-/* Copies `bytes` from `src` to `dst`, device memory of the current device (ranges that do not
- * overlap, as for cudaMemcpyAsync), queued on `stream`. By a kernel of gmem's own: a
- * cudaMemcpyAsync between ranges mapped from many chunks, as gmem's are, ran up to 1.8x slower on
- * an H200 than between cudaMalloc'd ones, while a kernel copied both at the same speed
- * (docs/notes/2026-11-29-copies-run-slower-on-2-mib-chunks.md). gmem.torch's allocator copies
- * tensors on one device this way. By cuMemcpyDtoDAsync where the kernel cannot be loaded (a
- * driver older than the toolkit that built gmem) or GMEM_COPY_KERNEL=0 is set. */
-gmem_status_t gmem_copy_async(void* dst, const void* src, size_t bytes, uintptr_t stream);
-
 /* Gives free chunks back to the device: every one, until calls after every step are seen to cost
    the program time; then what the last steps did not use (GMEM_EMPTY_CACHE=strict: every one). */
 gmem_status_t gmem_empty_cache(int device);

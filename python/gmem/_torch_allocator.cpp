@@ -341,18 +341,13 @@ class GmemAllocator final : public cca::CUDAAllocator {
     C10_CUDA_CHECK(err);
   }
 
-  // PyTorch copies a contiguous tensor into one of its type through here. On one device by
-  // gmem_copy_async's kernel: cudaMemcpyAsync between ranges mapped from many chunks ran up to
-  // 1.8x slower (docs/notes/2026-11-29-copies-run-slower-on-2-mib-chunks.md); where the kernel
-  // cannot be queued, cudaMemcpyAsync as before. gmem's memory is cuMemMap'ed, so a copy between
-  // devices must be a peer copy whether or not peer access is on.
+  // gmem's memory is cuMemMap'ed, so a copy between devices must be a peer copy whether or not
+  // peer access is on (plain cudaMemcpyAsync would fail without it).
   cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
                           size_t count, cudaStream_t stream, bool /*p2p_enabled*/) override {
-    if (dst_device != src_device)
-      return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
-    if (gmem_copy_async(dst, src, count, reinterpret_cast<uintptr_t>(stream)) == GMEM_OK)
-      return cudaSuccess;
-    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    if (dst_device == src_device)
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
 
  private:

@@ -2,7 +2,6 @@
 #include "gmem/gmem.h"
 
 #include <atomic>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -15,9 +14,6 @@
 #include "capi/registry.hpp"
 #include "gmem/error.hpp"
 #include "gmem/summary.hpp"
-#ifdef GMEM_HAVE_CUDA
-#include "device/cuda_copy.hpp"
-#endif
 
 namespace {
 
@@ -156,28 +152,6 @@ gmem_status_t gmem_record_stream(void* ptr, uintptr_t stream) {
   return guarded("gmem_record_stream", [&] {
     check_stream(stream);
     owner_of(ptr).engine->record_stream(ptr, stream);
-  });
-}
-
-gmem_status_t gmem_copy_async(void* dst, const void* src, size_t bytes, uintptr_t stream) {
-  return guarded("gmem_copy_async", [&] {
-    check_stream(stream);
-    if (bytes == 0) return;
-    if (dst == nullptr || src == nullptr)
-      throw gmem::Error(gmem::Errc::invalid_argument, dst == nullptr ? "dst is NULL" : "src is NULL");
-    const auto to = reinterpret_cast<std::uintptr_t>(dst), from = reinterpret_cast<std::uintptr_t>(src);
-    if (to < from + bytes && from < to + bytes)
-      throw gmem::Error(gmem::Errc::invalid_argument, "the ranges overlap (" + std::to_string(bytes) +
-                                                          " bytes, " + std::to_string(to > from ? to - from : from - to) +
-                                                          " apart)");
-    if (gmem::capi::simulated())
-      throw gmem::Error(gmem::Errc::invalid_argument,
-                        "GMEM_DEVICE=sim: a simulated device has no memory to copy");
-#ifdef GMEM_HAVE_CUDA
-    gmem::cuda::copy_device_to_device(to, from, bytes, stream);
-#else
-    throw gmem::Error(gmem::Errc::device_error, "this libgmem was built without CUDA");
-#endif
   });
 }
 

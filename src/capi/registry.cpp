@@ -286,10 +286,6 @@ Registry& registry() {
 
 }  // namespace
 
-bool simulated() {
-  static const bool sim = backend_from_environment() == Backend::sim;  // as the registry reads it
-  return sim;
-}
 DeviceContext& context(int device) { return registry().get(device); }
 gmem_engine* owner(const void* ptr) { return registry().owner(ptr); }
 gmem_engine* likely_owner(const void* ptr) { return registry().likely_owner(ptr); }

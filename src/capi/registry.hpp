@@ -65,9 +65,6 @@ struct DeviceContext {
   std::shared_ptr<StatsGroup> group_;
 };
 
-// Whether engines run on a simulated device (GMEM_DEVICE=sim): no memory behind their pointers.
-bool simulated();
-
 // The context of `device` (-1 = the calling thread's current CUDA device, 0 when simulated),
 // created on first use; thread-safe. Throws Error(invalid_argument) for an ordinal that does not
 // exist and DeviceError when the device cannot be opened.

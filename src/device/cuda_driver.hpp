@@ -17,8 +17,7 @@ namespace gmem::cuda {
   X(cuMemGetInfo) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)   \
   X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAlloc) \
   X(cuMemFree) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)            \
-  X(cuEventSynchronize) X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode) \
-  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuMemcpyDtoDAsync)
+  X(cuEventSynchronize) X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)
 
 struct DriverApi {
 #define GMEM_CUDA_DECLARE(fn) decltype(&::fn) fn = nullptr;

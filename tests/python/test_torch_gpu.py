@@ -20,7 +20,7 @@ from torch_graph_workers import (worker_compile, worker_fit, worker_graph,  # no
                                  worker_graph_dropped, worker_graph_record_stream,
                                  worker_graph_reuse, worker_graphs_compile, worker_pool_peaks)
 from torch_workers import (build_count_new, cpp_probe, imports_operator_new,  # noqa: E402
-                           worker_copies, worker_cudnn, worker_history, worker_host_alloc, worker_oom,
+                           worker_cudnn, worker_history, worker_host_alloc, worker_oom,
                            worker_sites, worker_stats, worker_storages, worker_train)
 
 MiB = 1 << 20
@@ -110,15 +110,6 @@ class FullAllocatorOnGpuTest(unittest.TestCase):
               "fixed frames, %(ns_sites).0f ns tracked with Python sites, %(ns_deep).0f ns with "
               "sites 40 frames deep" % r)
         self.assertLess(r["ns_sites"] - r["ns_fixed"], 20000, "sites cost under 20 us a malloc")
-
-    def test_copies_on_one_device_copy_every_byte(self):
-        # gmem_copy_async's kernel behind tensor.copy_ and clone, loaded by a copy made inside a
-        # graph's capture without invalidating it.
-        r = run_worker("copies", "gmem")
-        self.assertEqual(r["mode"], "full")
-        self.assertTrue(r["graph_copy_matches"])
-        self.assertEqual(r["copies_wrong"], [])
-        self.assertTrue(r["clone_matches"])
 
     def test_cuda_graph_with_mem_pool(self):
         r = run_worker("graph", "gmem")
@@ -560,7 +551,7 @@ def worker(mode, allocator):
                "sites": worker_sites, "graphs_compile": worker_graphs_compile,
                "graph_reuse": worker_graph_reuse, "graph_record_stream": worker_graph_record_stream,
                "pool_peaks": worker_pool_peaks, "graph_dropped": worker_graph_dropped,
-               "fit": worker_fit, "holders_hook": worker_holders_hook, "copies": worker_copies,
+               "fit": worker_fit, "holders_hook": worker_holders_hook,
                "holders_losses": worker_holders_losses, "holders_cache": worker_holders_cache,
                "holders_dataloader": worker_holders_dataloader}
     workers[mode](torch, result)

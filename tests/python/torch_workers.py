@@ -182,39 +182,6 @@ def cpp_probe(torch):
     return probe
 
 
-def worker_copies(torch, result):
-    """Copies of contiguous tensors into tensors of their type on one device, which PyTorch asks
-    the allocator's memcpyAsync for (gmem_copy_async's kernel under gmem). The process's first
-    such copy is made inside a CUDA graph's capture (the kernel is loaded then, which must not
-    invalidate the capture); then every byte of copies of any size and offset, the bytes around
-    the target untouched, and a clone of 256 MiB."""
-    a = torch.randn(1 << 20, device="cuda")
-    b = torch.empty_like(a)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        b.copy_(a)
-    a.normal_()
-    graph.replay()
-    torch.cuda.synchronize()
-    result["graph_copy_matches"] = bool(torch.equal(a, b))
-
-    source = torch.randint(0, 256, (64 * MiB + 64,), dtype=torch.uint8, device="cuda")
-    target = torch.empty_like(source)
-    wrong = []
-    for size, to, frm in [(1, 0, 0), (17, 16, 32), (4095, 4, 8), (1000, 3, 7),
-                          (2 * MiB + 3, 16, 0), (64 * MiB, 0, 0), (5 * MiB, 2, 2)]:
-        target.fill_(0xEE)
-        target[to:to + size].copy_(source[frm:frm + size])
-        copied = torch.equal(target[to:to + size], source[frm:frm + size])
-        around = bool((target[:to] == 0xEE).all()) and bool((target[to + size:] == 0xEE).all())
-        if not (copied and around):
-            wrong.append([size, to, frm, copied, around])
-    result["copies_wrong"] = wrong
-    big = torch.randn(64 * MiB, device="cuda")
-    result["clone_matches"] = bool(torch.equal(big.clone(), big))
-
-
 def worker_stats(torch, result):
     """Statistics read from C++: the probe calls c10's getDeviceStats."""
     import ctypes

@@ -34,7 +34,6 @@ DeviceContext& context(int device) {
 }
 gmem_engine* owner(const void*) { return g_context ? &g_context->handle : nullptr; }
 gmem_engine* likely_owner(const void* ptr) { return owner(ptr); }
-bool simulated() { return true; }
 void for_each_context(const std::function<void(DeviceContext&)>& visit) {
   if (g_context) visit(*g_context);
 }

@@ -77,30 +77,6 @@ TEST_F(CApi, BadArgumentsAreRejectedWithAMessage) {
   EXPECT_GT(limit, 0);
 }
 
-TEST_F(CApi, CopiesAreRefusedWhereTheyCannotBeMade) {
-  // gmem_copy_async: nothing to copy is done at once; NULL ends, overlapping ranges and a bad
-  // stream are refused with a message; on the simulated device no memory stands behind a pointer.
-  void* a = nullptr;
-  void* b = nullptr;
-  ASSERT_EQ(gmem_malloc(&a, 1 << 20, 0, 0), GMEM_OK);
-  ASSERT_EQ(gmem_malloc(&b, 1 << 20, 0, 0), GMEM_OK);
-  EXPECT_EQ(gmem_copy_async(b, a, 0, 0), GMEM_OK);
-  EXPECT_EQ(gmem_copy_async(nullptr, a, 16, 0), GMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(last_error(), "gmem_copy_async") && contains(last_error(), "dst is NULL")) << last_error();
-  EXPECT_EQ(gmem_copy_async(b, nullptr, 16, 0), GMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(last_error(), "src is NULL")) << last_error();
-  char* const base = static_cast<char*>(a);
-  EXPECT_EQ(gmem_copy_async(base + 8, base, 16, 0), GMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(last_error(), "the ranges overlap (16 bytes, 8 apart)")) << last_error();
-  EXPECT_EQ(gmem_copy_async(base, base + 8, 16, 0), GMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(gmem_copy_async(b, a, 16, 0x1234567), GMEM_ERROR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(last_error(), "not a CUDA stream handle")) << last_error();
-  EXPECT_EQ(gmem_copy_async(base + 16, base, 16, 0), GMEM_ERROR_INVALID_ARGUMENT);  // adjacent
-  EXPECT_TRUE(contains(last_error(), "GMEM_DEVICE=sim")) << last_error();
-  EXPECT_EQ(gmem_free(a), GMEM_OK);
-  EXPECT_EQ(gmem_free(b), GMEM_OK);
-}
-
 TEST_F(CApi, ForeignPointerIsAnInvalidPointer) {
   int on_the_stack = 0;
   EXPECT_EQ(gmem_free(&on_the_stack), GMEM_ERROR_INVALID_POINTER);
