@@ -1,8 +1,10 @@
-"""Is memory from gmem as fast for kernels as memory from cudaMalloc? Times, in one process under
-ALLOC (gmem, the default, native, or expandable), kernels whose speed depends on how their memory
-is mapped rather than on what they compute:
+"""Is memory from gmem as fast for kernels and copies as memory from cudaMalloc? Times, in one
+process under ALLOC (gmem, the default, native, or expandable), operations whose speed depends on
+the memory rather than on what they compute
+(docs/notes/2026-11-29-copies-run-slower-on-2-mib-chunks.md):
 
-- copy: a streaming copy of a SIZE_GIB buffer into another (bandwidth, reads and writes);
+- copy: `dst.copy_(src)` of a SIZE_GIB buffer, which PyTorch makes as cudaMemcpyAsync through
+  the allocator's memcpyAsync (the driver's copy, not a kernel);
 - copy_shifted: the same copy, its source read 1 MiB further on (source and target bytes at
   different offsets within their 2 MiB pages);
 - fill, sum: writing that buffer, reading it (bandwidth, one way);
