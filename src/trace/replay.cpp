@@ -252,8 +252,8 @@ ReplayResult run(const Trace& trace, const Program& program, const ReplayOptions
             if (log_mallocs) [[unlikely]] {
               const DeviceCounts after = DeviceCounts::of(device);
               const Event& e = trace.events[op.event];
-              options.on_malloc({pass, next_end + 1, e.line, trace.frames[e.user_frame], op.stream, op.size,
-                                 reinterpret_cast<DevicePtr>(block), after.creates - before.creates,
+              options.on_malloc({pass, next_end + 1, e.line, trace.frames[e.user_frame], op.stream,
+                                 op.size, reinterpret_cast<DevicePtr>(block), after.creates - before.creates,
                                  after.maps - before.maps, after.unmaps - before.unmaps,
                                  after.call_us - before.call_us, after.wait_us - before.wait_us});
             }

@@ -23,7 +23,7 @@ namespace gmem::trace {
 // device calls and stream waits made while it ran (modelled, as ReplayResult's figures are).
 struct MallocCost {
   std::size_t pass = 0;      // 0-based (ReplayOptions::passes)
-  std::size_t step = 0;      // 1-based: the step ends (ReplayOptions::step_ends) before it, plus one
+  std::size_t step = 0;      // 1-based: step ends (ReplayOptions::step_ends) before it, plus one
   std::size_t line = 0;      // its event's line (or record) in the trace file
   std::string_view frame;    // its event's user frame ("train.py:42:step"), empty if none
   StreamId stream = 0;

@@ -233,8 +233,9 @@ TEST(Replay, StepEndsAfterAFrame) {
 
 TEST(Replay, MallocLogAddsUpToTheStepsFigures) {
   // `gmem replay --malloc-log`: a line per malloc, in order, with the step it falls in, the
-  // frame that allocated it, and the device calls it made. Logging changes nothing the replay does, and each step's lines add up
-  // to its device calls (moe's are all made by mallocs, none by frees or marks).
+  // frame that allocated it, and the device calls it made. Logging changes nothing the replay
+  // does, and each step's lines add up to its device calls (moe's are all made by mallocs, none
+  // by frees or marks).
   const Trace t = read_trace(data_file("moe.trace.csv.gz"));
   ReplayOptions options;
   options.lag_us = kGpuLagUs;
